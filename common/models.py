@@ -1,0 +1,108 @@
+"""Model registry. Every model adapts to the dataset's channels, image size and classes."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MLP(nn.Module):
+    """A tiny two-layer perceptron: fast enough for multi-process tests."""
+
+    def __init__(self, channels: int, image_size: int, num_classes: int, hidden: int = 64):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(channels * image_size * image_size, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class ConvNet(nn.Module):
+    """The seed tutorial's MNIST ConvNet: two conv-BatchNorm-ReLU-maxpool blocks, then a linear layer."""
+
+    def __init__(self, channels: int, image_size: int, num_classes: int):
+        super().__init__()
+        self.layer1 = nn.Sequential(
+            nn.Conv2d(channels, 16, kernel_size=5, stride=1, padding=2),
+            nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(kernel_size=2, stride=2))
+        self.layer2 = nn.Sequential(
+            nn.Conv2d(16, 32, kernel_size=5, stride=1, padding=2),
+            nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(kernel_size=2, stride=2))
+        side = image_size // 4
+        self.fc = nn.Linear(side * side * 32, num_classes)
+
+    def forward(self, x):
+        out = self.layer2(self.layer1(x))
+        return self.fc(out.reshape(out.size(0), -1))
+
+
+class MnistNet(nn.Module):
+    """PyTorch's MNIST example net: conv, conv, maxpool, dropout, fc, dropout, fc (log-softmax)."""
+
+    def __init__(self, channels: int, image_size: int, num_classes: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.dropout1 = nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        side = (image_size - 4) // 2
+        self.fc1 = nn.Linear(64 * side * side, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = self.dropout1(F.max_pool2d(x, 2))
+        x = self.dropout2(F.relu(self.fc1(torch.flatten(x, 1))))
+        # log-softmax as in the example; cross-entropy on it equals NLL, so one loss serves all models
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+def _resnet(name: str) -> Callable[[int, int, int], nn.Module]:
+    def build(channels: int, image_size: int, num_classes: int) -> nn.Module:
+        import torchvision
+
+        model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
+        if channels != 3:
+            model.conv1 = nn.Conv2d(channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        return model
+
+    return build
+
+
+MODEL_BUILDERS: Dict[str, Callable[[int, int, int], nn.Module]] = {
+    "mlp": MLP,
+    "convnet": ConvNet,
+    "mnist_net": MnistNet,
+    "resnet18": _resnet("resnet18"),
+    "resnet50": _resnet("resnet50"),
+}
+
+#: smallest input side each model accepts
+MIN_IMAGE_SIZE = {"mlp": 1, "convnet": 4, "mnist_net": 6, "resnet18": 32, "resnet50": 32}
+
+
+def check_model_fits(name: str, image_size: int) -> None:
+    """Raise ValueError (with the fix) when the model cannot take images of this size."""
+    if name not in MODEL_BUILDERS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_BUILDERS)}")
+    if image_size < MIN_IMAGE_SIZE[name]:
+        raise ValueError(f"--model {name} needs images of at least {MIN_IMAGE_SIZE[name]}x"
+                         f"{MIN_IMAGE_SIZE[name]}, the dataset gives {image_size}x{image_size}; "
+                         f"pass --image-size or pick another model")
+
+
+def build_model(name: str, channels: int, image_size: int, num_classes: int, seed: int) -> nn.Module:
+    """Build a model with weights drawn from `seed`, identical on every rank and backend."""
+    check_model_fits(name, image_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MODEL_BUILDERS[name](channels, image_size, num_classes)

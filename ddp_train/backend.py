@@ -1,0 +1,177 @@
+"""DDPBackend: PyTorch DistributedDataParallel. The only module that calls torch.distributed.
+
+Who this process is comes from torchrun (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+MASTER_ADDR/PORT), or from Slurm's srun without torchrun (SLURM_PROCID, SLURM_LOCALID,
+SLURM_NTASKS, MASTER_ADDR/PORT), or, with neither, a one-process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import re
+import time
+
+import torch
+
+from common.backend import Backend, env_int
+from common.config import UsageError
+
+
+def _slurm_tasks_on_this_node() -> int:
+    """SLURM_STEP_TASKS_PER_NODE looks like '2(x3),1'; this node's entry is at SLURM_NODEID."""
+    spec = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE") or "1"
+    counts = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if m:
+            counts += [int(m.group(1))] * int(m.group(2) or 1)
+    node = env_int("SLURM_NODEID", default=0)
+    return counts[node] if node < len(counts) else (counts[0] if counts else 1)
+
+
+class DDPBackend(Backend):
+    """torch.distributed with gloo on CPU and NCCL on GPU, DistributedDataParallel for gradients."""
+
+    name = "ddp"
+
+    def __init__(self, timeout_s: float = 1800.0) -> None:
+        super().__init__()
+        self.timeout_s = timeout_s
+        env = os.environ
+        if "RANK" in env and "WORLD_SIZE" in env:
+            self.source = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "env"
+            self._rank = env_int("RANK")
+            self._world = env_int("WORLD_SIZE")
+            self._local_rank = env_int("LOCAL_RANK", default=0)
+            self._local_world = env_int("LOCAL_WORLD_SIZE", default=self._world)
+        elif "SLURM_PROCID" in env:
+            self.source = "slurm"
+            self._rank = env_int("SLURM_PROCID")
+            self._world = env_int("SLURM_NTASKS", default=1)
+            self._local_rank = env_int("SLURM_LOCALID", default=0)
+            self._local_world = _slurm_tasks_on_this_node()
+        else:
+            self.source = "single"
+            self._rank, self._world, self._local_rank, self._local_world = 0, 1, 0, 1
+        self._ddp = None
+        self._last_bucket_time = None
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def local_rank(self) -> int:
+        return self._local_rank
+
+    @property
+    def local_world_size(self) -> int:
+        return self._local_world
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    def check_environment(self) -> None:
+        """Raise UsageError when the launch environment cannot form a group."""
+        if self.source == "slurm" and self._world > 1:
+            missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+            if missing:
+                raise UsageError(
+                    f"under srun without torchrun, export {' and '.join(missing)} (the first host of the "
+                    "allocation, e.g. $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1), and a free port)")
+
+    def init(self) -> None:
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        if self.source == "single" or self._world == 1 and not os.environ.get("MASTER_ADDR"):
+            # One process: an in-memory store, no port to open.
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method="env://", rank=self._rank, world_size=self._world,
+                                    timeout=timeout)
+        self.process_group_backend = backend
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def describe(self) -> dict:
+        import torch.distributed as dist
+
+        return {
+            "name": self.name,
+            "process_group": dist.get_backend() if dist.is_initialized() else None,
+            "launch": self.source,
+            "broadcast_buffers": False,
+            "bucket_cap_mb": 25,
+            "gradient_average": "divide by world size, then allreduce sum (DDP default hook)",
+        }
+
+    # --- training ------------------------------------------------------------------------
+    def wrap(self, model, optimizer):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        # Buffers are not broadcast on every forward: Horovod does not either, and the loop
+        # synchronises them from rank 0 before evaluating and saving (Backend.broadcast_buffers).
+        ddp = DDP(model, device_ids=device_ids, forward_sync_buffers=False)
+
+        def timed_allreduce(state, bucket):
+            # The default allreduce hook, noting when the last bucket was handed to the network.
+            self._last_bucket_time = time.perf_counter()
+            return default_hooks.allreduce_hook(None, bucket)
+
+        ddp.register_comm_hook(state=None, hook=timed_allreduce)
+        self._ddp = ddp
+        return ddp, optimizer
+
+    def unwrap(self, model):
+        return model.module if hasattr(model, "module") else model
+
+    @contextlib.contextmanager
+    def gradients_ready(self, optimizer):
+        # DDP's backward() returns only when every bucket's allreduce finished; the time from
+        # the last bucket's launch to here is communication that compute did not hide.
+        if self._last_bucket_time is not None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self._comm_seconds += time.perf_counter() - self._last_bucket_time
+            self._last_bucket_time = None
+        yield
+
+    # --- collectives ---------------------------------------------------------------------
+    def all_reduce_sum(self, values):
+        import torch.distributed as dist
+
+        device = self.device if self.process_group_backend == "nccl" else torch.device("cpu")
+        tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return [float(v) for v in tensor.cpu()]
+
+    def broadcast_buffers(self, module):
+        import torch.distributed as dist
+
+        if self._world == 1:
+            return
+        for buffer in module.buffers():
+            dist.broadcast(buffer.data, src=0)
+
+    def all_gather_object(self, obj):
+        import torch.distributed as dist
+
+        out = [None] * self._world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Build a Horovod wheel from its PyPI source against the torch in the given interpreter.
+#   build_horovod.sh PYTHON VERSION {cpu|nccl} OUT_DIR
+# Horovod 0.28.1 (its last release) predates torch 2.14; the patches below are the minimum
+# that make it build, each explained where it is applied.
+set -euo pipefail
+PY="$1"; VERSION="$2"; FLAVOUR="$3"; OUT="$4"
+
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+
+# setup.py imports torch and these at build time, so build without isolation.
+"$PY" -m pip install -q packaging psutil pyyaml cloudpickle cffi
+"$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$VERSION" -d "$WORK"
+tar xzf "horovod-$VERSION.tar.gz"
+SRC="$WORK/horovod-$VERSION"
+
+# Horovod's core compiles as C++17 (its vendored gloo already forces 17); torch 2.14's headers
+# refuse anything older than C++20, so the torch extension is built as C++20.
+sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$SRC/CMakeLists.txt"
+sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$SRC/horovod/torch/CMakeLists.txt"
+
+if [ "$FLAVOUR" = cpu ]; then
+    # Horovod builds a CUDA extension whenever torch is a CUDA build and nvcc exists, which then
+    # fails to link without a CUDA runtime. With no GPU runtime, keep the extension CPU-only.
+    sed -i 's/print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)/print(False)/' \
+        "$SRC/cmake/Modules/FindPytorch.cmake"
+    grep -q 'print(False)' "$SRC/cmake/Modules/FindPytorch.cmake" || { echo "CPU patch did not apply" >&2; exit 1; }
+else
+    export HOROVOD_GPU_OPERATIONS=NCCL
+fi
+
+export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+export HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1
+# The vendored gloo declares an old cmake_minimum_required that CMake >= 4 rejects.
+export CMAKE_POLICY_VERSION_MINIMUM=3.5
+export MAKEFLAGS="-j$(nproc)"
+
+mkdir -p "$OUT"
+"$PY" -m pip wheel -v --no-deps --no-build-isolation -w "$OUT" "$SRC" > "$WORK/build.log" 2>&1 || {
+    tail -n 60 "$WORK/build.log" >&2
+    echo "horovod build failed (full log above, last 60 lines)" >&2
+    exit 1
+}
+ls "$OUT"/horovod-*.whl

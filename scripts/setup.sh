@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# One-time, idempotent set-up of everything the project needs on a new machine:
+# system packages (OpenMPI, cmake, g++), the .venv with the project installed editable,
+# and Horovod 0.28.1 built from source against the pinned torch (wheel cached outside the repo).
+# A second call checks each step and skips it in seconds.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+HOROVOD_VERSION="0.28.1"
+CACHE_DIR="${HVD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-ddp-compare/wheels}"
+
+# pip here warns about every configured local index folder it cannot find; hide only those lines.
+quiet_pip() { "$PY" -m pip "$@" 2> >(grep -v "^WARNING: Location .* is ignored" >&2); }
+
+log() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# --- 1. system packages --------------------------------------------------------------------
+SYSTEM_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make)
+missing=()
+for pkg in "${SYSTEM_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing system packages: ${missing[*]}"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+else
+    log "system packages present"
+fi
+
+# --- 2. virtual environment with the project -------------------------------------------------
+STAMP="$VENV/.project-installed"
+want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+if [ ! -x "$PY" ]; then
+    log "creating $VENV"
+    python3 -m venv "$VENV"
+fi
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+    log "installing the project and its pinned dependencies into .venv (torch is large: minutes)"
+    quiet_pip install -q --upgrade pip setuptools wheel
+    # Horovod's build imports torch and these, so they must be there first (no build isolation).
+    quiet_pip install -q -e "$ROOT[test]"
+    echo "$want" > "$STAMP"
+else
+    log "project already installed in .venv"
+fi
+
+# --- 3. Horovod, built from source against this torch -----------------------------------------
+have_cuda_runtime() {
+    # nvcc alone is not enough: torch must be able to reach a GPU through the CUDA runtime.
+    "$PY" - <<'PYEOF' 2>/dev/null
+import sys, torch
+sys.exit(0 if torch.cuda.is_available() else 1)
+PYEOF
+}
+
+horovod_ok() {
+    "$PY" - <<'PYEOF' 2>/dev/null
+import sys
+import horovod, horovod.torch as hvd
+ok = horovod.__version__ == "0.28.1" and hvd.gloo_built() and hvd.mpi_built()
+sys.exit(0 if ok else 1)
+PYEOF
+}
+
+if horovod_ok; then
+    log "horovod $HOROVOD_VERSION present"
+else
+    TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')"
+    PYTAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+    if have_cuda_runtime; then FLAVOUR=nccl; else FLAVOUR=cpu; fi
+    WHEEL_DIR="$CACHE_DIR/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-$PYTAG-$FLAVOUR"
+    wheel="$(ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -n1 || true)"
+    if [ -z "$wheel" ]; then
+        log "building horovod $HOROVOD_VERSION for torch $TORCH_VERSION ($FLAVOUR); about 5 minutes on 2 cores"
+        bash "$ROOT/scripts/build_horovod.sh" "$PY" "$HOROVOD_VERSION" "$FLAVOUR" "$WHEEL_DIR"
+        wheel="$(ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -n1 || true)"
+        [ -n "$wheel" ] || die "horovod build produced no wheel; see the log above"
+    else
+        log "reusing cached wheel $wheel"
+    fi
+    quiet_pip install -q --no-deps --force-reinstall "$wheel"
+fi
+
+# --- 4. the build must have PyTorch, Gloo and MPI ---------------------------------------------
+check="$("$VENV/bin/horovodrun" --check-build 2>&1)" || die "horovodrun --check-build failed: $check"
+for want_line in "\[X\] PyTorch" "\[X\] MPI" "\[X\] Gloo"; do
+    if ! grep -q "$want_line" <<<"$check"; then
+        echo "$check" >&2
+        die "Horovod was built without ${want_line#\\[X\\] }; delete $CACHE_DIR and run 'make setup' again"
+    fi
+done
+log "horovodrun --check-build: PyTorch, MPI and Gloo available"
+log "ready: source .venv/bin/activate"
