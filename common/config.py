@@ -53,6 +53,15 @@ class Config:
         return dataclasses.asdict(self)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only when there is one worth showing."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line (prog: error: ...) and exits 2."""
 
@@ -113,7 +122,7 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The one parser of training options; ddp_train and hvd_train both use it unchanged."""
     d = Config()
     p = _OneLineParser(prog=prog, description=description,
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=_HelpFormatter)
     data = p.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASETS, default=d.dataset,
                       help="digits is embedded (scikit-learn's handwritten digits, no files needed)")

@@ -97,8 +97,14 @@ class DDPBackend(Backend):
         self.process_group_backend = backend
 
     def shutdown(self) -> None:
+        import gc
+
         import torch.distributed as dist
 
+        # Free the DDP reducer (which holds gloo work and the comm hook) while the group is
+        # alive: left to interpreter exit, its threads can abort the process ("terminate called").
+        self._ddp = None
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
 
