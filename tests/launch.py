@@ -65,7 +65,7 @@ class Result:
         return self
 
 
-def test_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """The environment a run gets: the venv first on PATH, unbuffered output."""
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
@@ -78,7 +78,7 @@ def test_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
 def run_cmd(cmd: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None) -> Result:
     """Run a command in its own process group; on timeout the whole group is killed."""
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=test_env(env), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)

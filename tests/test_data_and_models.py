@@ -1,0 +1,84 @@
+"""Every dataset reader and model trains for a few steps through the real entry points."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from datasets import write_cifar10, write_imagefolder, write_mnist
+from launch import launch
+
+FEW_STEPS = ["--epochs", "1", "--max-steps", "2", "--batch-size", "8", "--threads", "1"]
+
+
+def _summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("dataset,model,writer,shape", [
+    ("mnist", "mnist_net", write_mnist, (1, 28, 10)),
+    ("cifar10", "resnet18", write_cifar10, (3, 32, 10)),
+    ("imagefolder", "convnet", write_imagefolder, (3, 32, 3)),
+])
+def test_file_datasets_train(tmp_path, dataset, model, writer, shape):
+    data_dir = writer(tmp_path / "data")
+    run_dir = tmp_path / "run"
+    extra = ["--image-size", "32"] if dataset == "imagefolder" else []
+    launch("none-ddp", 1, ["--dataset", dataset, "--data-dir", str(data_dir), "--model", model,
+                           "--run-dir", str(run_dir), *FEW_STEPS, *extra], timeout=180).check()
+    config = json.loads((run_dir / "config.json").read_text())
+    channels, size, classes = shape
+    assert (config["dataset"]["channels"], config["dataset"]["image_size"], config["dataset"]["num_classes"]) \
+        == (channels, size, classes)
+    assert _summary(run_dir)["steps"] == 2
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10", "imagefolder"])
+def test_empty_data_dir_is_named_in_one_line(tmp_path, dataset):
+    (tmp_path / "empty").mkdir()
+    result = launch("none-hvd", 1, ["--dataset", dataset, "--data-dir", str(tmp_path / "empty"),
+                                    "--run-dir", str(tmp_path / "run")], timeout=60)
+    assert result.returncode == 2
+    lines = [line for line in result.output.splitlines() if "error:" in line]
+    assert len(lines) == 1 and str(tmp_path / "empty") in lines[0], result.output
+
+
+def test_synthetic_any_shape_with_resnet(tmp_path):
+    launch("none-hvd", 1, ["--dataset", "synthetic", "--image-size", "32", "--synthetic-samples", "64",
+                           "--model", "resnet18", "--run-dir", str(tmp_path), *FEW_STEPS], timeout=180).check()
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["dataset"]["image_size"] == 32 and config["dataset"]["channels"] == 3
+
+
+def test_pretrained_is_refused_offline(tmp_path):
+    result = launch("none-ddp", 1, ["--model", "resnet18", "--pretrained", "--run-dir", str(tmp_path)], timeout=60)
+    assert result.returncode == 2 and "--pretrained" in result.output and "cannot be downloaded" in result.output
+
+
+def test_model_registry_adapts_to_dataset_shapes():
+    from common.models import MODEL_BUILDERS, build_model
+
+    for name in MODEL_BUILDERS:
+        for channels, size, classes in ((1, 8, 10), (1, 28, 10), (3, 32, 7)):
+            if name.startswith("resnet") and size < 32:
+                continue
+            model = build_model(name, channels, size, classes, seed=0)
+            out = model.eval()(torch.zeros(2, channels, size, size))
+            assert out.shape == (2, classes), (name, channels, size)
+    # Same seed, same weights: the start every rank and backend shares.
+    a, b = build_model("convnet", 1, 8, 10, seed=3), build_model("convnet", 1, 8, 10, seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_seed_fixes_the_split_and_synthetic_samples():
+    from common.config import Config
+    from common.data import open_datasets
+
+    first = open_datasets(Config(dataset="digits", seed=5))
+    again = open_datasets(Config(dataset="digits", seed=5))
+    other = open_datasets(Config(dataset="digits", seed=6))
+    assert first[1].indices == again[1].indices != other[1].indices
+    syn = open_datasets(Config(dataset="synthetic", image_size=16, synthetic_samples=32, seed=1))[0]
+    assert torch.equal(syn[3][0], syn[3][0])
