@@ -14,17 +14,13 @@ from typing import Dict, List, Optional
 
 import torch
 
+from common.compare.launchers import LaunchSpec
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 BIN = Path(PY).parent
 
-#: launcher name -> (entry module, how to build the command)
 LAUNCHERS = ("none-ddp", "none-hvd", "torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
-
-
-def _mpi_flags() -> List[str]:
-    # OpenMPI refuses root without this; tests start more ranks than this machine has cores.
-    return (["--allow-run-as-root"] if os.geteuid() == 0 else []) + ["--oversubscribe"]
 
 
 def command(launcher: str, np: int, args: List[str]) -> List[str]:
@@ -33,17 +29,9 @@ def command(launcher: str, np: int, args: List[str]) -> List[str]:
         return [PY, "-m", "ddp_train", *args]
     if launcher == "none-hvd":
         return [PY, "-m", "hvd_train", *args]
-    if launcher == "torchrun":
-        return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={np}", "-m", "ddp_train", *args]
-    if launcher == "horovodrun-gloo":
-        return [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
-                PY, "-m", "hvd_train", *args]
-    if launcher == "horovodrun-mpi":
-        return [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--mpi",
-                "--mpi-args=" + " ".join(_mpi_flags()), PY, "-m", "hvd_train", *args]
-    if launcher == "mpirun":
-        return ["mpirun", *_mpi_flags(), "-np", str(np), PY, "-m", "hvd_train", *args]
-    raise ValueError(launcher)
+    spec = {"torchrun": LaunchSpec("ddp", np), "horovodrun-gloo": LaunchSpec("horovod", np, "gloo"),
+            "horovodrun-mpi": LaunchSpec("horovod", np, "mpi"), "mpirun": LaunchSpec("horovod", np, "mpirun")}
+    return spec[launcher].command(args, python=PY)
 
 
 def backend_of(launcher: str) -> str:

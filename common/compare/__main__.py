@@ -1,0 +1,130 @@
+"""python -m common.compare: train both backends through the real launchers and report how they
+differ, or (--runs) compare run directories made elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from ..config import build_parser
+from . import report
+from .analysis import DEFAULT_TOLERANCE
+from .matrix import MatrixRunner, failure_record, plan
+from .rundirs import check_comparable, number_repeats, read_run
+
+PROG = "compare-backends"
+
+
+def _csv(kind, choices=None):
+    def parse(text: str):
+        items = [kind(x) for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("needs at least one value")
+        if choices:
+            bad = [x for x in items if x not in choices]
+            if bad:
+                raise argparse.ArgumentTypeError(f"unknown {', '.join(map(str, bad))}; choose from {', '.join(choices)}")
+        if kind is int and min(items) < 1:
+            raise argparse.ArgumentTypeError("world sizes must be >= 1")
+        return items
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_compare_parser() -> argparse.ArgumentParser:
+    """Options of the comparison itself; every other option is a training option."""
+    p = _Parser(prog=PROG, description=__doc__,
+                epilog="Any other option is a training option (see python -m ddp_train --help) and is passed "
+                       "unchanged to every run, e.g. --model resnet18 --dataset synthetic --epochs 2.")
+    p.add_argument("--backends", type=_csv(str, ("ddp", "horovod")), default=["ddp", "horovod"],
+                   help="comma-separated: ddp,horovod")
+    p.add_argument("--np", dest="world_sizes", type=_csv(int), default=[1, 2],
+                   help="comma-separated world sizes, e.g. 1,2,4")
+    p.add_argument("--hvd-controllers", type=_csv(str, ("gloo", "mpi")), default=None,
+                   help="Horovod controllers at every size (default: gloo at every size, mpi at the largest)")
+    p.add_argument("--repeats", type=int, default=2, help="timing repeats of every cell")
+    p.add_argument("--out", type=Path, default=Path("runs/compare"), help="output folder (report and run dirs)")
+    p.add_argument("--runs", nargs="+", type=Path, metavar="DIR",
+                   help="compare these existing run directories instead of launching")
+    p.add_argument("--force", action="store_true", help="compare runs even when they are not comparable")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help="max |Δw| under which non-identical weights are called equal")
+    p.add_argument("--run-timeout", type=float, default=1800, help="seconds before a run is stopped")
+    return p
+
+
+def fail(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the comparison; 0 when every run succeeded, 1 when one failed, 2 on bad input."""
+    args, train_args = build_compare_parser().parse_known_args(argv)
+    if args.repeats < 1:
+        return fail("--repeats must be >= 1")
+    if any(a == "--run-dir" or a.startswith("--run-dir=") for a in train_args):
+        return fail("--run-dir is set per run by the comparison; use --out for the output folder")
+    # Check the training options once, here, with the training parser itself.
+    build_parser(PROG, "training options").parse_args(train_args)
+
+    notes: List[str] = []
+    failures = []
+    if args.runs:
+        if train_args:
+            return fail(f"training options ({' '.join(train_args)}) do nothing with --runs; remove them")
+        try:
+            runs = [read_run(path) for path in args.runs]
+        except ValueError as exc:
+            return fail(str(exc))
+    else:
+        planned = plan(args.backends, sorted(set(args.world_sizes)), args.hvd_controllers, args.repeats)
+        print(f"{PROG}: {len(planned)} runs into {args.out.resolve()}", flush=True)
+        runner = MatrixRunner(train_args, args.out, timeout_s=args.run_timeout,
+                              echo=lambda line: print(line, flush=True))
+        try:
+            outcomes = runner.run_all(planned)
+        except KeyboardInterrupt:
+            runner.stop()
+            print(f"{PROG}: interrupted; the running job was stopped", file=sys.stderr)
+            return 130
+        runs = []
+        for outcome in outcomes:
+            if outcome.returncode != 0:
+                failures.append(failure_record(outcome))
+                continue
+            try:
+                run = read_run(outcome.run_dir)
+            except ValueError as exc:
+                outcome.error = str(exc)
+                failures.append(failure_record(outcome))
+                continue
+            runs.append(run)
+
+    number_repeats(runs)
+    reasons = check_comparable(runs)
+    if reasons:
+        if not args.force:
+            return fail("runs are not comparable: " + "; ".join(reasons) + " (use --force to compare anyway)")
+        notes.append("Compared with --force although: " + "; ".join(reasons) + ".")
+    summary = report.build(runs, failures, args.out, args.tolerance, notes)
+    print(f"{PROG}: report {(args.out / 'report.md').resolve()}")
+    for p in summary["parity"]:
+        if p["kind"] == "backends":
+            print(f"  weights @{p['world_size']}: {p['a']} vs {p['b']}: {p['verdict']}")
+    for v in summary["speed"]:
+        print(f"  speed: {v['verdict']}")
+    for f in failures:
+        print(f"  FAILED {f['name']}: {f['error']}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Numbers and verdicts from a set of runs: parity of what was learned, speed, scaling, time split."""
+
+from __future__ import annotations
+
+import statistics
+from itertools import combinations
+from typing import Dict, List, Optional
+
+from .rundirs import Run
+
+#: max |Δw| at or below which non-identical weights are called equal (summation order only)
+DEFAULT_TOLERANCE = 1e-5
+
+
+def weight_difference(a: Run, b: Run) -> float:
+    """Largest element-wise |Δw| between two runs' final weights (inf when shapes differ)."""
+    wa, wb = a.weights(), b.weights()
+    if wa.keys() != wb.keys() or any(wa[k].shape != wb[k].shape for k in wa):
+        return float("inf")
+    worst = 0.0
+    for k in wa:
+        if wa[k].numel():
+            worst = max(worst, float((wa[k].double() - wb[k].double()).abs().max()))
+    return worst
+
+
+def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE) -> Dict:
+    """How closely two runs learned the same thing: per-step loss differences, the first
+    differing step, final max |Δw|, and a verdict in words."""
+    la, lb = a.step_losses(), b.step_losses()
+    steps = sorted(set(la) & set(lb))
+    diffs = [abs(la[s] - lb[s]) for s in steps]
+    first_diff = next((s for s, d in zip(steps, diffs) if d != 0.0), None)
+    identical = a.summary.get("weights_sha256") == b.summary.get("weights_sha256")
+    max_dw = 0.0 if identical else weight_difference(a, b)
+    if identical:
+        verdict = "bitwise identical"
+    elif max_dw <= tolerance:
+        verdict = f"equal within {max_dw:.1e}"
+    else:
+        where = f"first differing step {first_diff}" if first_diff is not None else "per-step losses equal"
+        verdict = f"diverged: {where}, final max |Δw| {max_dw:.3g}"
+    return {
+        "a": a.name, "b": b.name, "world_size": a.world_size if a.world_size == b.world_size else None,
+        "steps_compared": len(steps), "loss_diff": dict(zip(steps, diffs)),
+        "max_loss_diff": max(diffs) if diffs else None, "first_differing_step": first_diff,
+        "max_abs_weight_diff": max_dw, "bitwise_identical": identical, "verdict": verdict,
+        "val_top1": [a.summary.get("val_top1"), b.summary.get("val_top1")],
+    }
+
+
+def parity_table(runs: List[Run], tolerance: float = DEFAULT_TOLERANCE) -> List[Dict]:
+    """Parity of every pair of backends at each world size (first repeat of each), and of
+    repeats of one backend against its first run (reproducibility)."""
+    out = []
+    firsts = [r for r in runs if r.repeat == 0]
+    for a, b in combinations(firsts, 2):
+        if a.world_size == b.world_size:
+            out.append({"kind": "backends", **parity(a, b, tolerance)})
+    for run in runs:
+        if run.repeat > 0:
+            base = next(r for r in firsts if r.key == run.key)
+            out.append({"kind": "repeat", **parity(base, run, tolerance)})
+    return out
+
+
+def _spread(values: List[float]) -> Dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
+            "values": values}
+
+
+def throughput_table(runs: List[Run]) -> Dict[str, Dict]:
+    """samples/s per backend@world: median, min, max over repeats."""
+    groups: Dict[str, List[float]] = {}
+    for run in runs:
+        if run.summary.get("samples_per_s"):
+            groups.setdefault(run.key, []).append(float(run.summary["samples_per_s"]))
+    return {key: _spread(values) for key, values in sorted(groups.items())}
+
+
+def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
+    """At each world size, which backend is faster, by how much, and whether that exceeds the
+    spread across repeats (the ranges of the two do not overlap)."""
+    by_world: Dict[int, List[str]] = {}
+    for key in throughput:
+        by_world.setdefault(int(key.split("@")[1]), []).append(key)
+    out = []
+    for world, keys in sorted(by_world.items()):
+        for ka, kb in combinations(sorted(keys), 2):
+            a, b = throughput[ka], throughput[kb]
+            fast, slow = (ka, kb) if a["median"] >= b["median"] else (kb, ka)
+            f, s = throughput[fast], throughput[slow]
+            ratio = f["median"] / s["median"] if s["median"] else float("inf")
+            if min(f["n"], s["n"]) < 2:
+                noise = "unknown (one repeat; use --repeats 3)"
+                significant = None
+            else:
+                significant = f["min"] > s["max"]
+                noise = "larger than the spread across repeats" if significant else \
+                    "within the spread across repeats (not significant)"
+            out.append({
+                "world_size": world, "faster": fast.split("@")[0], "slower": slow.split("@")[0],
+                "ratio": ratio, "percent": 100 * (ratio - 1), "significant": significant,
+                "verdict": f"{fast.split('@')[0]} is {100 * (ratio - 1):.1f}% faster than {slow.split('@')[0]} "
+                           f"at world size {world} ({f['median']:.0f} vs {s['median']:.0f} samples/s); "
+                           f"difference {noise}",
+            })
+    return out
+
+
+def _baseline(throughput: Dict[str, Dict], label: str) -> Optional[float]:
+    """Single-process throughput for `label`; Horovod controllers share one baseline when
+    only one of them was run at world size 1 (one process does not communicate)."""
+    if f"{label}@1" in throughput:
+        return throughput[f"{label}@1"]["median"]
+    family = label.split("-")[0]
+    for key, value in throughput.items():
+        if key.endswith("@1") and key.split("-")[0].split("@")[0] == family:
+            return value["median"]
+    return None
+
+
+def scaling_table(throughput: Dict[str, Dict]) -> Dict[str, Dict[int, float]]:
+    """Scaling efficiency throughput(N) / (N x throughput(1)) per backend."""
+    out: Dict[str, Dict[int, float]] = {}
+    for key, value in throughput.items():
+        label, world = key.split("@")
+        base = _baseline(throughput, label)
+        if base:
+            out.setdefault(label, {})[int(world)] = value["median"] / (int(world) * base)
+    return out
+
+
+def time_split_table(runs: List[Run]) -> List[Dict]:
+    """Per run: mean ms per step spent on data, compute and exposed communication."""
+    rows = []
+    for run in runs:
+        split = run.summary.get("time_split") or {}
+        rows.append({"run": run.name, **{k: split.get(k) for k in
+                                          ("data_ms", "compute_ms", "comm_ms", "step_ms", "comm_frac")}})
+    return rows
+
+
+def accuracy_table(runs: List[Run]) -> List[Dict]:
+    """Final training and validation metrics of every run."""
+    return [{"run": run.name, **{k: run.summary.get(k) for k in
+                                 ("steps", "epochs", "train_loss", "val_loss", "val_top1", "val_top5", "wall_s")}}
+            for run in runs]

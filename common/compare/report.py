@@ -1,0 +1,168 @@
+"""report.md and summary.json: every number, the verdicts in words, and how to reproduce."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Dict, List
+
+from . import analysis, plots
+from .rundirs import Run, setting_differences
+
+
+def _fmt(value, spec: str = ".4f") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    return format(value, spec)
+
+
+def _table(headers: List[str], rows: List[List[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, notes: List[str]) -> Dict:
+    """Analyse `runs`, draw the plots into `out`, write report.md and summary.json; return the summary."""
+    out.mkdir(parents=True, exist_ok=True)
+    pairs = analysis.parity_table(runs, tolerance)
+    throughput = analysis.throughput_table(runs)
+    speed = analysis.speed_verdicts(runs, throughput)
+    scaling = analysis.scaling_table(throughput)
+    split = analysis.time_split_table(runs)
+    accuracy = analysis.accuracy_table(runs)
+    figures = {
+        "curves": plots.curves(runs, out),
+        "throughput": plots.throughput(throughput, out),
+        "scaling": plots.scaling(scaling, out),
+        "time_split": plots.time_split(split, out),
+        "parity": plots.parity(pairs, out),
+    }
+    summary = {
+        "runs": [{"name": r.name, "path": str(r.path), "backend": r.label, "world_size": r.world_size,
+                  "repeat": r.repeat + 1, "summary": r.summary, "launch": r.launch,
+                  "command": r.launch.get("command") or r.config.get("command"),
+                  "hosts": r.config.get("hosts"), "launcher": r.config.get("launcher"),
+                  "versions": r.config.get("versions"), "settings": r.settings} for r in runs],
+        "failures": failures,
+        "parity": pairs,
+        "throughput": throughput,
+        "speed": speed,
+        "scaling_efficiency": {k: {str(w): e for w, e in v.items()} for k, v in scaling.items()},
+        "time_split": split,
+        "accuracy": accuracy,
+        "setting_differences": setting_differences(runs) if runs else {},
+        "tolerance": tolerance,
+        "notes": notes,
+        "plots": figures,
+    }
+    (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, sort_keys=True) + "\n")
+    (out / "report.md").write_text(_markdown(summary, runs))
+    return summary
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _markdown(s: Dict, runs: List[Run]) -> str:
+    md = ["# Horovod vs DDP: comparison report", ""]
+    first = runs[0].settings if runs else {}
+    if first:
+        md.append(f"Model **{first.get('model')}** on **{first.get('dataset')}**, per-process batch "
+                  f"{first.get('batch_size')}, seed {first.get('seed')}, optimizer {first.get('optimizer')} "
+                  f"(lr {first.get('lr')}), {len(runs)} run(s).")
+        md.append("")
+
+    md += ["## Verdicts", ""]
+    verdicts_start = len(md)
+    for p in s["parity"]:
+        if p["kind"] == "backends":
+            md.append(f"- **Weights, world size {p['world_size']}**, {p['a']} vs {p['b']}: **{p['verdict']}**.")
+    for v in s["speed"]:
+        md.append(f"- **Speed**: {v['verdict']}.")
+    for label, points in sorted(s["scaling_efficiency"].items()):
+        shown = ", ".join(f"{_fmt(e, '.2f')} at {w}" for w, e in sorted(points.items(), key=lambda x: int(x[0]))
+                          if w != "1")
+        if shown:
+            md.append(f"- **Scaling efficiency** of {label}: {shown}.")
+    repeats = [p for p in s["parity"] if p["kind"] == "repeat"]
+    if repeats:
+        same = all(p["bitwise_identical"] for p in repeats)
+        md.append(f"- **Reproducibility**: repeats of the same run are "
+                  f"{'bitwise identical' if same else 'not all bitwise identical'} "
+                  f"({sum(p['bitwise_identical'] for p in repeats)}/{len(repeats)}).")
+    for f in s["failures"]:
+        md.append(f"- **FAILED** {f['name']}: {f['error']}")
+    if len(md) == verdicts_start:
+        md.append("- nothing to compare")
+    md.append("")
+    for note in s["notes"]:
+        md.append(f"> {note}")
+    if s["notes"]:
+        md.append("")
+
+    md += ["## Accuracy", "", _table(
+        ["run", "steps", "epochs", "train loss", "val loss", "val top-1", "val top-5", "wall s"],
+        [[a["run"], a["steps"], a["epochs"], _fmt(a["train_loss"]), _fmt(a["val_loss"]),
+          _fmt(a["val_top1"]), _fmt(a["val_top5"]), _fmt(a["wall_s"], ".1f")] for a in s["accuracy"]]),
+        "", f"![training and validation curves]({s['plots']['curves']})", ""]
+
+    md += ["## Do they learn the same?", "",
+           "Rank 0's loss is compared at every logged step; weights are compared after the last step "
+           f"(called equal when the largest element-wise weight difference is ≤ {s['tolerance']:.0e}).", "", _table(
+               ["pair", "kind", "steps compared", "first differing step", "max Δloss", "final max Δw",
+                "verdict"],
+               [[f"{p['a']} vs {p['b']}", p["kind"], p["steps_compared"], p["first_differing_step"] or "none",
+                 _fmt(p["max_loss_diff"], ".3g"), _fmt(p["max_abs_weight_diff"], ".3g"), p["verdict"]]
+                for p in s["parity"]]),
+           "", f"![parity]({s['plots']['parity']})", ""]
+
+    md += ["## Speed", "", "Training samples/s over all ranks, first step excluded; median (min–max) "
+           "over repeats.", "", _table(
+               ["backend@world", "median samples/s", "min", "max", "repeats"],
+               [[k, _fmt(v["median"], ".1f"), _fmt(v["min"], ".1f"), _fmt(v["max"], ".1f"), v["n"]]
+                for k, v in s["throughput"].items()]),
+           "", "Scaling efficiency is throughput(N) / (N x throughput(1)) with each backend's own "
+           "single-process run; a Horovod controller with no world-size-1 run uses the other controller's "
+           "(one process does not communicate).", "",
+           f"![throughput]({s['plots']['throughput']})", "",
+           f"![scaling efficiency]({s['plots']['scaling']})", ""]
+
+    md += ["## Where the time goes", "",
+           "Mean per step: waiting for data, computing (forward, backward, optimizer), and gradient "
+           "communication that backward did not hide (DDP: from the last bucket's allreduce launch to the "
+           "end of backward; Horovod: time in synchronize() before the step).", "", _table(
+               ["run", "data ms", "compute ms", "comm ms", "step ms", "comm share"],
+               [[r["run"], _fmt(r["data_ms"], ".2f"), _fmt(r["compute_ms"], ".2f"), _fmt(r["comm_ms"], ".2f"),
+                 _fmt(r["step_ms"], ".2f"), _fmt(100 * (r["comm_frac"] or 0), ".1f") + "%"]
+                for r in s["time_split"]]),
+           "", f"![time split]({s['plots']['time_split']})", ""]
+
+    if s["failures"]:
+        md += ["## Failed runs", ""]
+        for f in s["failures"]:
+            md += [f"### {f['name']}", "", f"Exit code {f['returncode']}: {f['error']}", "",
+                   f"Command: `{f['command']}`", "", f"Full output: `{f['log']}`", ""]
+
+    md += ["## Reproduce", ""]
+    if s["setting_differences"]:
+        md += ["Settings that differ between runs:", ""]
+        for key, values in s["setting_differences"].items():
+            md.append(f"- `{key}`: " + ", ".join(f"{n}={v}" for n, v in values.items()))
+        md.append("")
+    md += [_table(["run", "launcher", "hosts", "torch", "horovod", "git", "command"],
+                  [[r["name"], r["launcher"], ",".join(r["hosts"] or []), (r["versions"] or {}).get("torch"),
+                    (r["versions"] or {}).get("horovod"), ((r["versions"] or {}).get("project_git") or "")[:12],
+                    f"`{r['command']}`"] for r in s["runs"]]), ""]
+    if runs:
+        md += ["Settings of the runs (first run; differences listed above):", "", "```json",
+               json.dumps(runs[0].settings, indent=2, sort_keys=True), "```", ""]
+    return "\n".join(md)

@@ -1,0 +1,131 @@
+"""Read run directories (the contract of the training side) and decide whether they compare."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+from ..rundir import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SUMMARY_FILE
+
+#: settings that must be equal for runs to be compared at all
+MUST_MATCH = ("model", "dataset", "seed", "batch_size")
+#: settings that never change what is learned, so they are not reported as differences
+IGNORED = ("run_dir", "log_every", "eval_every", "workers", "device")
+
+
+class IncomparableRuns(Exception):
+    """Runs that cannot be compared; the message names every reason."""
+
+
+@dataclass
+class Run:
+    """Everything the comparison needs from one run directory."""
+
+    path: Path
+    config: Dict
+    summary: Dict
+    events: List[Dict]
+    repeat: int = 0
+    launch: Dict = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Dict:
+        return self.config["config"]
+
+    @property
+    def world_size(self) -> int:
+        return int(self.summary["world_size"])
+
+    @property
+    def label(self) -> str:
+        """Backend and, for Horovod, its controller: ddp, horovod-gloo, horovod-mpi."""
+        backend = self.config["backend"]
+        if backend.get("name") == "horovod" and backend.get("controller"):
+            return f"horovod-{backend['controller']}"
+        return backend.get("name", "unknown")
+
+    @property
+    def key(self) -> str:
+        """label@world size, e.g. ddp@2."""
+        return f"{self.label}@{self.world_size}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}#{self.repeat + 1}"
+
+    def step_losses(self) -> Dict[int, float]:
+        """Rank 0's loss at each logged step."""
+        return {e["step"]: e["loss"] for e in self.events if e["event"] == "step"}
+
+    def epochs(self) -> List[Dict]:
+        """The epoch events in order."""
+        return [e for e in self.events if e["event"] == "epoch"]
+
+    def weights(self) -> Dict[str, torch.Tensor]:
+        """The final state_dict (weights_only: nothing in the file is executed)."""
+        return torch.load(self.path / MODEL_FILE, map_location="cpu", weights_only=True)
+
+
+def read_run(path: Path) -> Run:
+    """Load a run directory; ValueError naming the file when it is not a complete run."""
+    path = Path(path)
+    missing = [n for n in (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, MODEL_FILE) if not (path / n).is_file()]
+    if missing:
+        raise ValueError(f"{path} is not a complete run directory: missing {', '.join(missing)}")
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+        summary = json.loads((path / SUMMARY_FILE).read_text())
+        events = [json.loads(line) for line in (path / METRICS_FILE).read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: unreadable JSON ({exc})") from None
+    launch = {}
+    if (path / "launch.json").is_file():
+        launch = json.loads((path / "launch.json").read_text())
+    return Run(path, config, summary, events, launch=launch)
+
+
+def number_repeats(runs: List[Run]) -> None:
+    """Runs with the same backend and world size are repeats: number them 0, 1, ..."""
+    seen: Dict[str, int] = {}
+    for run in runs:
+        run.repeat = seen.get(run.key, 0)
+        seen[run.key] = run.repeat + 1
+
+
+def setting_differences(runs: List[Run]) -> Dict[str, Dict[str, object]]:
+    """Every training setting whose value is not the same in all runs: {setting: {run: value}}."""
+    keys = sorted({k for run in runs for k in run.settings} - set(IGNORED))
+    out = {}
+    for key in keys:
+        values = {run.name: run.settings.get(key) for run in runs}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            out[key] = values
+    return out
+
+
+def check_comparable(runs: List[Run]) -> List[str]:
+    """Reasons these runs cannot be compared (empty when they can): a must-match setting that
+    differs, or runs of one world size that took different numbers of steps."""
+    reasons = []
+    diffs = setting_differences(runs)
+    for key in MUST_MATCH:
+        if key in diffs:
+            shown = ", ".join(f"{name}={value}" for name, value in diffs[key].items())
+            reasons.append(f"{key} differs ({shown})")
+    by_world: Dict[int, Dict[str, int]] = {}
+    for run in runs:
+        by_world.setdefault(run.world_size, {})[run.name] = run.summary.get("steps")
+    for world, steps in sorted(by_world.items()):
+        if len(set(steps.values())) > 1:
+            shown = ", ".join(f"{name}={value}" for name, value in steps.items())
+            reasons.append(f"steps differ at world size {world} ({shown})")
+    return reasons
+
+
+def first(runs: List[Run], key: str) -> Optional[Run]:
+    """The first repeat of backend@world `key`, if any."""
+    return next((r for r in runs if r.key == key), None)
