@@ -1,13 +1,30 @@
-"""Atomic, verified saving and loading of tensors and checkpoints."""
+"""Atomic, verified checkpoints: save, keep the last K, find the newest valid one, resume.
+
+A checkpoint is a plain dict of tensors and numbers, loaded with torch.load(weights_only=True):
+a file that carries pickled code is refused and the code never runs.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import pickle
+import re
 import tempfile
-from typing import Any
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+
+FORMAT = 1
+CHECKPOINT_DIR = "checkpoints"
+_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+#: settings a checkpoint must share with the run that resumes it
+MUST_MATCH = ("model", "dataset", "image_size", "batch_size")
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used; the message names the file and the reason."""
 
 
 def atomic_save(obj: Any, path: str) -> str:
@@ -22,13 +39,25 @@ def atomic_save(obj: Any, path: str) -> str:
             f.flush()
             os.fsync(f.fileno())
         digest = file_sha256(tmp)
+        sidecar_tmp = tmp + ".sha256"
+        with open(sidecar_tmp, "w") as f:
+            f.write(f"{digest}  {os.path.basename(path)}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        # The digest lands first: a crash between the renames leaves an old file with a new
+        # digest, which reads as corrupt, never a corrupt file that reads as good.
+        os.replace(sidecar_tmp, path + ".sha256")
         os.replace(tmp, path)
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, tmp + ".sha256"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
         raise
-    with open(path + ".sha256", "w") as f:
-        f.write(f"{digest}  {os.path.basename(path)}\n")
     return digest
 
 
@@ -42,15 +71,77 @@ def file_sha256(path: str) -> str:
 
 
 def verified_load(path: str) -> Any:
-    """Load with weights_only=True after checking the SHA-256 written beside the file.
+    """Check the SHA-256 written beside `path`, then torch.load it with weights_only=True.
 
-    Raises ValueError naming the file when the digest does not match (truncated or corrupt).
+    Raises CheckpointError naming the file when it is missing, truncated or corrupt (digest
+    mismatch), or carries pickled objects other than tensors and plain containers.
     """
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: no such checkpoint file")
     sidecar = path + ".sha256"
-    if os.path.exists(sidecar):
-        with open(sidecar) as f:
-            expected = f.read().split()[0]
-        actual = file_sha256(path)
-        if actual != expected:
-            raise ValueError(f"{path} is corrupt: SHA-256 {actual[:12]}... does not match {expected[:12]}...")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    if not os.path.isfile(sidecar):
+        raise CheckpointError(f"{path}: no {os.path.basename(sidecar)} beside it, cannot verify it")
+    with open(sidecar) as f:
+        expected = (f.read().split() or [""])[0]
+    actual = file_sha256(path)
+    if actual != expected:
+        raise CheckpointError(f"{path} is corrupt or truncated: SHA-256 {actual[:12]}... "
+                              f"does not match {expected[:12]}...")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else "disallowed object"
+        raise CheckpointError(f"{path} was refused: it holds pickled objects that are not plain weights "
+                              f"({reason}); nothing in it was run") from None
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise CheckpointError(f"{path} cannot be read ({exc})") from None
+
+
+def checkpoint_path(run_dir: str, step: int) -> str:
+    """Where the checkpoint after global step `step` lives."""
+    return os.path.join(run_dir, CHECKPOINT_DIR, f"ckpt-{step:09d}.pt")
+
+
+def list_checkpoints(run_dir: str) -> List[str]:
+    """Checkpoint files in the run directory, newest (highest step) first."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), str(p)) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def prune(run_dir: str, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints (and their digests)."""
+    for path in list_checkpoints(run_dir)[keep:]:
+        for victim in (path, path + ".sha256"):
+            if os.path.exists(victim):
+                os.unlink(victim)
+
+
+def find_newest_valid(run_dir: str) -> Tuple[Optional[Dict], Optional[str], List[str]]:
+    """(checkpoint, path, problems): the newest checkpoint that verifies, and why each newer one
+    was passed over. (None, None, problems) when there is none."""
+    problems = []
+    for path in list_checkpoints(run_dir):
+        try:
+            return check_format(verified_load(path), path), path, problems
+        except CheckpointError as exc:
+            problems.append(str(exc))
+    return None, None, problems
+
+
+def check_format(ckpt: Any, path: str) -> Dict:
+    """The checkpoint if it is one of ours, else CheckpointError."""
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a checkpoint of this program (format {FORMAT})")
+    return ckpt
+
+
+def check_matches(ckpt: Dict, settings: Dict, path: str) -> None:
+    """CheckpointError naming every setting in MUST_MATCH that differs from the checkpoint's."""
+    saved = ckpt["settings"]
+    diffs = [f"{key} {saved.get(key)!r} in the checkpoint, {settings.get(key)!r} now" for key in MUST_MATCH
+             if saved.get(key) != settings.get(key)]
+    if diffs:
+        raise CheckpointError(f"{path} belongs to another run: " + "; ".join(diffs))

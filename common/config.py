@@ -46,6 +46,9 @@ class Config:
     eval_every: int = 1
     log_every: int = 1
     run_dir: str = "runs/latest"
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 3
+    resume: Optional[str] = None
     device: str = "auto"
 
     def to_dict(self) -> dict:
@@ -167,6 +170,14 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     run.add_argument("--log-every", type=_positive_int, default=d.log_every,
                      help="write a step event to metrics.jsonl every N steps")
     run.add_argument("--run-dir", default=d.run_dir, help="where rank 0 writes the run directory")
+    run.add_argument("--checkpoint-every", type=_non_negative_int, default=d.checkpoint_every,
+                     help="also checkpoint every N optimizer steps (a checkpoint is always written at every "
+                          "epoch end and when training stops); 0: epoch ends only")
+    run.add_argument("--keep-checkpoints", type=_positive_int, default=d.keep_checkpoints,
+                     help="how many of the newest checkpoints to keep in RUN_DIR/checkpoints")
+    run.add_argument("--resume", default=d.resume, metavar="auto|PATH",
+                     help="auto: continue from the newest valid checkpoint in --run-dir (or start fresh); "
+                          "PATH: from that checkpoint file")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
                      help="auto: one CUDA device per local rank when available, else CPU")
     return p

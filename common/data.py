@@ -6,6 +6,7 @@ one-line error on every rank instead of a hang. Nothing is ever downloaded.
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 from typing import Callable, Dict, Tuple
@@ -185,11 +186,24 @@ class ShardedValidation(Subset):
         super().__init__(dataset, list(range(rank, len(dataset), world_size)))
 
 
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can start an epoch part-way: the first `skip` samples of this
+    rank's epoch order are left out, so a resumed run sees exactly the samples it had not seen."""
+
+    skip = 0
+
+    def __iter__(self):
+        return itertools.islice(super().__iter__(), self.skip, None)
+
+    def __len__(self) -> int:
+        return self.num_samples - self.skip
+
+
 def make_loaders(config: Config, train: Dataset, val: Dataset, rank: int, world_size: int,
                  pin_memory: bool):
     """Train loader over a DistributedSampler (seeded, padded so every rank has the same number
     of steps) and a validation loader over this rank's exact shard."""
-    sampler = DistributedSampler(train, num_replicas=world_size, rank=rank, shuffle=True,
+    sampler = ResumableSampler(train, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=config.seed, drop_last=False)
     common = dict(num_workers=config.workers, pin_memory=pin_memory,
                   persistent_workers=config.workers > 0)

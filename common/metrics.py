@@ -23,6 +23,10 @@ class SumMeter:
             self.sums[i] += totals[name].detach().to(torch.float64)
         self.sums[-1] += count
 
+    def load(self, values: List[float]) -> None:
+        """Continue from sums saved by values() (resuming mid-epoch)."""
+        self.sums.copy_(torch.tensor(values, dtype=torch.float64))
+
     def values(self) -> List[float]:
         """The raw sums followed by the count, as floats (for all_reduce_sum)."""
         return [float(v) for v in self.sums.cpu()]

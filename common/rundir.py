@@ -119,12 +119,25 @@ class RunDir:
             return f"--run-dir {path!r}: {probe!r} is not writable by this user"
         return None
 
-    def open(self) -> None:
-        """Create the directory and start a fresh metrics.jsonl."""
+    def open(self, keep_until_step: Optional[int] = None) -> None:
+        """Create the directory and start metrics.jsonl: fresh, or, when resuming, keeping the
+        events up to the checkpoint's step (later ones belong to the run that is being replaced)."""
         if not self.is_main:
             return
         os.makedirs(self.path, exist_ok=True)
-        self._metrics = open(os.path.join(self.path, METRICS_FILE), "w", buffering=1)
+        path = os.path.join(self.path, METRICS_FILE)
+        kept = []
+        if keep_until_step is not None and os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    try:
+                        event = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a line cut short by a crash
+                    if event.get("event") != "summary" and event.get("step", 0) <= keep_until_step:
+                        kept.append(line if line.endswith("\n") else line + "\n")
+        self._metrics = open(path, "w", buffering=1)
+        self._metrics.writelines(kept)
 
     def write_json(self, name: str, data: Dict[str, Any]) -> None:
         """Write one JSON file atomically."""

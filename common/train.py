@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 import time
-from typing import Dict
+import traceback
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 import psutil
 import torch
 import torch.nn.functional as F
 
+from . import checkpoint as ckpt_io
 from .backend import Backend
 from .config import Config, UsageError, fail_usage
 from .data import make_loaders, open_datasets
 from .metrics import Clock, SumMeter, TimeSplit, topk_correct
 from .models import build_model, check_model_fits
 from .optim import lr_at, make_optimizer, set_lr
-from .rundir import (RunDir, command_line, detect_launcher, versions, weights_sha256)
+from .rundir import RunDir, command_line, detect_launcher, versions, weights_sha256
+
+TRAIN_METRICS = ["loss", "correct"]
 
 
 def default_threads(local_world_size: int) -> int:
@@ -34,8 +40,36 @@ def default_threads(local_world_size: int) -> int:
     return max(1, cores // max(local_world_size, 1))
 
 
+#: steps between the ranks' checks for a stop request (a tiny collective each time)
+STOP_CHECK_EVERY = 5
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM asked the job to stop; a checkpoint was written at `step`."""
+
+    def __init__(self, signum: int, step: int) -> None:
+        super().__init__(signum, step)
+        self.signum, self.step = signum, step
+
+
+class TrainingStopped(Exception):
+    """Training cannot go on (non-finite loss); the message says why. Exit code 1."""
+
+
+@dataclass
+class Position:
+    """Where training stands: the epoch being trained, batches of it already done, global steps."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+    meter: Optional[List[float]] = None  # this rank's partial sums of the current epoch
+    resumed_from: Optional[str] = None
+    notes: List[str] = field(default_factory=list)
+
+
 class Trainer:
-    """One run: data, model and optimizer on a backend, the epoch loop, and the run directory."""
+    """One run: data, model and optimizer on a backend, the epoch loop, checkpoints, the run directory."""
 
     def __init__(self, config: Config, backend: Backend, prog: str) -> None:
         self.config = config
@@ -56,50 +90,97 @@ class Trainer:
             problem = RunDir.check_writable(config.run_dir)
             if problem:
                 fail_usage(self.prog, problem + "; choose another --run-dir")
+        if config.resume not in (None, "auto") and not os.path.isfile(config.resume):
+            fail_usage(self.prog, f"--resume {config.resume!r}: no such file; pass a checkpoint file or 'auto'")
         return train_set, val_set, info
 
     def run(self) -> int:
         """Train, evaluate and write the run directory. Returns the process exit code."""
-        config, backend = self.config, self.backend
         train_set, val_set, info = self.check_inputs()
         try:
-            backend.select_device(config.device)
+            self.backend.select_device(self.config.device)
         except RuntimeError as exc:
             fail_usage(self.prog, str(exc))
-        backend.init()
+        self.stop_signal: Optional[int] = None
+        self.backend.init()
+        self._install_stop_handlers()  # after init: MPI may install handlers of its own
         try:
-            return self._run(train_set, val_set, info)
+            self._setup(train_set, val_set, info)
+            return self._train()
+        except ckpt_io.CheckpointError as exc:
+            fail_usage(self.prog, str(exc))
+        except TrainingStopped as exc:
+            print(f"[rank {self.backend.rank}] {self.prog}: error: {exc}", file=sys.stderr, flush=True)
+            return 1
+        except Interrupted as stop:
+            self._say(f"stopped by {signal.Signals(stop.signum).name} at step {stop.step}; checkpoint written, "
+                      "continue with --resume auto")
+            return 128 + stop.signum
+        except Exception:  # noqa: BLE001 - any other failure ends this rank, loudly and at once
+            traceback.print_exc()
+            print(f"[rank {self.backend.rank}] {self.prog}: error: rank {self.backend.rank} failed "
+                  f"(traceback above); the launcher stops the other ranks", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            # No graceful shutdown: the other ranks may be waiting in a collective that will never
+            # complete, and a clean shutdown would wait for them too.
+            os._exit(1)
         finally:
-            backend.shutdown()
+            if getattr(self, "run_dir", None) is not None:
+                self.run_dir.close()
+            self.backend.shutdown()
 
-    def _run(self, train_set, val_set, info) -> int:
+    def _install_stop_handlers(self) -> None:
+        """First SIGINT/SIGTERM: finish the step, agree with the other ranks, checkpoint and stop.
+        A second one: stop at once (the default action)."""
+
+        def request_stop(signum, frame):
+            self.stop_signal = signum
+            signal.signal(signum, signal.SIG_DFL)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, request_stop)
+
+    def _stop_agreed(self) -> Optional[int]:
+        """The signal that asked any rank to stop, agreed on by all ranks (a collective)."""
+        asked = self.stop_signal or 0
+        count, total = self.backend.all_reduce_sum([1.0 if asked else 0.0, float(asked)])
+        return int(round(total / count)) if count else None
+
+    def _setup(self, train_set, val_set, info) -> None:
         config, backend = self.config, self.backend
-        device = backend.device
-        threads = config.threads or default_threads(backend.local_world_size)
-        torch.set_num_threads(threads)
+        self.device = device = backend.device
+        self.threads = config.threads or default_threads(backend.local_world_size)
+        torch.set_num_threads(self.threads)
         print(f"[{backend.name}] rank {backend.rank}/{backend.world_size} local_rank "
               f"{backend.local_rank}/{backend.local_world_size} host {backend.host()} device {device} "
-              f"threads {threads}", flush=True)
+              f"threads {self.threads}", flush=True)
 
-        train_loader, val_loader, sampler = make_loaders(
+        self.train_loader, self.val_loader, self.sampler = make_loaders(
             config, train_set, val_set, backend.rank, backend.world_size, pin_memory=device.type == "cuda")
-        steps_per_epoch = len(train_loader)
-        total_steps = config.epochs * steps_per_epoch
+        self.steps_per_epoch = len(self.train_loader)
+        self.total_steps = config.epochs * self.steps_per_epoch
         if config.max_steps is not None:
-            total_steps = min(total_steps, config.max_steps)
+            self.total_steps = min(self.total_steps, config.max_steps)
+        self.info = info
+        self.settings = {"model": config.model, "dataset": config.dataset, "image_size": info.image_size,
+                         "batch_size": config.batch_size, "seed": config.seed, "lr": config.lr,
+                         "lr_scaling": config.lr_scaling}
 
         model = build_model(config.model, info.channels, info.image_size, info.num_classes, config.seed)
+        loaded = self._load_checkpoint()
+        if loaded is not None:
+            model.load_state_dict(loaded["model"])
         model = model.to(device)
         optimizer = make_optimizer(config, model.parameters())
-        model, optimizer = backend.wrap(model, optimizer)
-        plain_model = backend.unwrap(model)
-        # Per-rank stream for dropout and the like, the same on both backends.
-        torch.manual_seed(config.seed + backend.rank)
+        # Wrap first: Horovod's DistributedOptimizer is a new optimizer over the same parameters.
+        self.model, self.optimizer = backend.wrap(model, optimizer)
+        self.plain_model = backend.unwrap(self.model)
+        self.position = self._resume_position(loaded)
 
         hosts = backend.all_gather_object(backend.host())
-        run_dir = RunDir(config.run_dir, backend.is_main)
-        run_dir.open()
-        run_dir.write_json("config.json", {
+        self.run_dir = RunDir(config.run_dir, backend.is_main)
+        self.run_dir.open(keep_until_step=self.position.step if loaded is not None else None)
+        self.run_dir.write_json("config.json", {
             "config": config.to_dict(),
             "backend": backend.describe(),
             "world_size": backend.world_size,
@@ -107,109 +188,209 @@ class Trainer:
             "rank_hosts": hosts,
             "launcher": detect_launcher(),
             "command": command_line(),
-            "threads": threads,
+            "threads": self.threads,
             "device": str(device),
             "dataset": {"train_samples": len(train_set), "val_samples": len(val_set),
                         "channels": info.channels, "image_size": info.image_size,
                         "num_classes": info.num_classes},
-            "steps_per_epoch": steps_per_epoch,
-            "total_steps": total_steps,
+            "steps_per_epoch": self.steps_per_epoch,
+            "total_steps": self.total_steps,
             "global_batch": config.batch_size * backend.world_size,
+            "resumed_from": self.position.resumed_from,
             "versions": versions(),
         })
+        for note in self.position.notes:
+            self.run_dir.log("note", step=self.position.step, message=note)
 
-        clock = Clock(device)
+    # --- checkpoints ---------------------------------------------------------------------------
+    def _load_checkpoint(self) -> Optional[Dict]:
+        """The checkpoint to resume from (every rank reads the same file), or None."""
+        config = self.config
+        if config.resume is None:
+            return None
+        if config.resume == "auto":
+            loaded, path, problems = ckpt_io.find_newest_valid(config.run_dir)
+            for problem in problems:
+                self._say(f"skipping checkpoint: {problem}")
+            if loaded is None:
+                self._say(f"--resume auto: no valid checkpoint in {config.run_dir}; starting fresh")
+                return None
+        else:
+            path = config.resume
+            loaded = ckpt_io.check_format(ckpt_io.verified_load(path), path)
+        ckpt_io.check_matches(loaded, {"model": config.model, "dataset": config.dataset,
+                                       "image_size": self.info.image_size, "batch_size": config.batch_size}, path)
+        loaded["path"] = path
+        return loaded
+
+    def _resume_position(self, loaded: Optional[Dict]) -> Position:
+        """Restore optimizer and RNG state and say where training continues."""
+        backend, config = self.backend, self.config
+        if loaded is None:
+            # Per-rank stream for dropout and the like, the same on both backends.
+            torch.manual_seed(config.seed + backend.rank)
+            return Position()
+        self.optimizer.load_state_dict(loaded["optimizer"])
+        position = Position(epoch=int(loaded["epoch"]), batch=int(loaded["batch"]), step=int(loaded["step"]),
+                            resumed_from=loaded["path"])
+        old_world = int(loaded["world_size"])
+        if old_world == backend.world_size:
+            torch.set_rng_state(loaded["rng"][backend.rank])
+            position.meter = [float(v) for v in loaded["meter"][backend.rank]]
+        elif position.batch != 0:
+            raise ckpt_io.CheckpointError(
+                f"{loaded['path']} was written mid-epoch (epoch {position.epoch + 1}, batch {position.batch}) at "
+                f"world size {old_world}; a different world size ({backend.world_size}) can only resume from an "
+                "epoch-end checkpoint, since the sample order of an epoch depends on the world size")
+        else:
+            torch.manual_seed(config.seed + backend.rank + 1_000 * position.epoch)
+            old_lr = lr_at(config, position.step, self.steps_per_epoch, self.total_steps, old_world)
+            new_lr = lr_at(config, position.step, self.steps_per_epoch, self.total_steps, backend.world_size)
+            note = (f"world size changed {old_world} -> {backend.world_size} at the start of epoch "
+                    f"{position.epoch + 1}: global batch {config.batch_size * old_world} -> "
+                    f"{config.batch_size * backend.world_size}, lr {old_lr:g} -> {new_lr:g}"
+                    + (" (--lr-scaling linear)" if config.lr_scaling == "linear" else ""))
+            position.notes.append(note)
+            self._say(note)
+        self._say(f"resuming from {loaded['path']}: epoch {position.epoch + 1}, batch {position.batch}, "
+                  f"step {position.step}")
+        return position
+
+    def _save_checkpoint(self, epoch: int, batch: int, step: int, meter: SumMeter) -> None:
+        """Every rank contributes its RNG state and partial sums; rank 0 writes; all wait for it."""
+        backend = self.backend
+        rng = backend.all_gather_object(torch.get_rng_state())
+        meters = backend.all_gather_object(meter.values())
+        if backend.is_main:
+            path = ckpt_io.checkpoint_path(self.config.run_dir, step)
+            ckpt_io.atomic_save({
+                "format": ckpt_io.FORMAT,
+                "model": {k: v.detach().cpu() for k, v in self.plain_model.state_dict().items()},
+                "optimizer": self.optimizer.state_dict(),
+                "epoch": epoch, "batch": batch, "step": step,
+                "world_size": backend.world_size, "backend": backend.name,
+                "settings": self.settings, "rng": rng, "meter": meters,
+            }, path)
+            ckpt_io.prune(self.config.run_dir, self.config.keep_checkpoints)
+            self.run_dir.log("checkpoint", epoch=epoch, step=step, path=path)
+        backend.barrier()
+
+    # --- training ------------------------------------------------------------------------------
+    def _train(self) -> int:
+        config, backend, pos = self.config, self.backend, self.position
+        clock = Clock(self.device)
         split = TimeSplit()
-        step = 0
-        train_seconds = 0.0
-        global_samples_timed = 0.0
         last_eval: Dict[str, float] = {}
         last_train: Dict[str, float] = {}
-        start = time.time()
-        epochs_done = 0
-        first_step_seconds = first_step_samples = 0.0
+        train_seconds = timed_samples = 0.0
+        step = pos.step
+        steps_this_run = 0
+        epochs_done = pos.epoch
 
-        for epoch in range(config.epochs):
-            if step >= total_steps:
+        for epoch in range(pos.epoch, config.epochs):
+            if step >= self.total_steps:
                 break
-            sampler.set_epoch(epoch)
-            model.train()
-            meter = SumMeter(["loss", "correct"], device)
+            skip = pos.batch if epoch == pos.epoch else 0
+            self.sampler.set_epoch(epoch)
+            self.sampler.skip = skip * config.batch_size
+            meter = SumMeter(TRAIN_METRICS, self.device)
+            if skip and pos.meter is not None:
+                meter.load(pos.meter)
+            self.model.train()
             epoch_split = TimeSplit()
-            epoch_start = clock.now()
-            t_prev = epoch_start
-            batches = iter(train_loader)
-            while step < total_steps:
-                try:
-                    images, labels = next(batches)
-                except StopIteration:
-                    break
-                images = images.to(device, non_blocking=True)
-                labels = labels.to(device, non_blocking=True)
+            epoch_start = t_prev = clock.now()
+            batch = skip
+            first_step_s = checkpoint_s = 0.0
+            for images, labels in self.train_loader:
+                images = images.to(self.device, non_blocking=True)
+                labels = labels.to(self.device, non_blocking=True)
                 t_data = clock.now()
-
-                lr = lr_at(config, step, steps_per_epoch, total_steps, backend.world_size)
-                set_lr(optimizer, lr)
-                optimizer.zero_grad()  # set_to_none (the default); Horovod takes no argument
-                logits = model(images)
+                lr = lr_at(config, step, self.steps_per_epoch, self.total_steps, backend.world_size)
+                set_lr(self.optimizer, lr)
+                self.optimizer.zero_grad()  # set_to_none (the default); Horovod takes no argument
+                logits = self.model(images)
                 loss = F.cross_entropy(logits, labels)
                 loss.backward()
-                with backend.gradients_ready(optimizer):
+                with backend.gradients_ready(self.optimizer):
                     pass
-                backend.step(optimizer)
+                backend.step(self.optimizer)
                 t_end = clock.now()
 
                 comm = backend.take_comm_seconds()
                 epoch_split.add(t_data - t_prev, max(t_end - t_data - comm, 0.0), comm)
                 n = labels.size(0)
-                correct = (logits.detach().argmax(dim=1) == labels).sum()
-                meter.add(n, loss=loss.detach() * n, correct=correct)
+                meter.add(n, loss=loss.detach() * n, correct=(logits.detach().argmax(dim=1) == labels).sum())
                 step += 1
-                if step % config.log_every == 0 or step == total_steps:
+                batch += 1
+                steps_this_run += 1
+                if steps_this_run == 1:
+                    first_step_s = t_end - epoch_start
+                checkpoint_due = (config.checkpoint_every and step % config.checkpoint_every == 0
+                                  and batch < self.steps_per_epoch and step < self.total_steps)
+                if step % config.log_every == 0 or checkpoint_due or step == self.total_steps:
                     loss_value = loss.item()
                     if not math.isfinite(loss_value):
-                        print(f"[rank {backend.rank}] {self.prog}: error: loss is {loss_value} at step {step}; "
-                              "lower --lr or check the data", file=sys.stderr, flush=True)
-                        run_dir.close()
-                        return 1
-                    run_dir.log("step", epoch=epoch, step=step, loss=loss_value, lr=lr,
-                                batch=n, data_s=t_data - t_prev, step_s=t_end - t_prev, comm_s=comm)
-                if step == 1:
-                    first_step_seconds = t_end - epoch_start
-                    first_step_samples = float(n * backend.world_size)
-                t_prev = t_end
+                        raise TrainingStopped(
+                            f"loss is {loss_value} at step {step}; stopping without writing a checkpoint "
+                            "(the last good one is kept); lower --lr or check the data")
+                    self.run_dir.log("step", epoch=epoch, step=step, loss=loss_value, lr=lr, batch=n,
+                                     data_s=t_data - t_prev, step_s=t_end - t_prev, comm_s=comm)
+                if checkpoint_due:
+                    self._save_checkpoint(epoch, batch, step, meter)
+                    checkpoint_s += clock.now() - t_end
+                t_prev = clock.now() if checkpoint_due else t_end
+                if step % STOP_CHECK_EVERY == 0 and step < self.total_steps:
+                    signum = self._stop_agreed()
+                    if signum:
+                        if batch >= self.steps_per_epoch:
+                            self._save_checkpoint(epoch + 1, 0, step, SumMeter(TRAIN_METRICS, self.device))
+                        elif not checkpoint_due:
+                            self._save_checkpoint(epoch, batch, step, meter)
+                        self.run_dir.log("stopped", epoch=epoch, step=step, signal=signum)
+                        raise Interrupted(signum, step)
+                if step >= self.total_steps:
+                    break
             epoch_seconds = clock.now() - epoch_start
             epochs_done = epoch + 1
 
-            totals = backend.all_reduce_sum(meter.values())
-            train = SumMeter.means(["loss", "correct"], totals)
+            train = SumMeter.means(TRAIN_METRICS, backend.all_reduce_sum(meter.values()))
             last_train = {"loss": train["loss"], "top1": train["correct"]}
-            global_samples = train["count"]
-            timed_seconds, timed_samples = epoch_seconds, global_samples
-            if epoch == 0 and epoch_split.steps > 1:
-                # The first step (allocation, warm-up) is not part of the throughput.
-                timed_seconds -= first_step_seconds
-                timed_samples -= first_step_samples
-            train_seconds += timed_seconds
-            global_samples_timed += timed_samples
+            epoch_samples = float(epoch_split.steps * config.batch_size * backend.world_size)
+            # Throughput leaves out the first step of the run (allocation, warm-up) and checkpoint writes.
+            warm = first_step_s if epoch == pos.epoch else 0.0
+            if epoch_split.steps > (1 if warm else 0):
+                train_seconds += epoch_seconds - warm - checkpoint_s
+                timed_samples += epoch_samples - (config.batch_size * backend.world_size if warm else 0)
             split.merge(epoch_split)
 
             record = {"epoch": epoch, "step": step, "train_loss": train["loss"], "train_top1": train["correct"],
-                      "lr": lr_at(config, max(step - 1, 0), steps_per_epoch, total_steps, backend.world_size),
-                      "samples": global_samples, "epoch_s": epoch_seconds,
-                      "samples_per_s": global_samples / epoch_seconds if epoch_seconds > 0 else None,
+                      "lr": lr_at(config, max(step - 1, 0), self.steps_per_epoch, self.total_steps,
+                                  backend.world_size),
+                      "samples": train["count"], "epoch_s": epoch_seconds,
+                      "samples_per_s": epoch_samples / epoch_seconds if epoch_seconds > 0 else None,
                       "time_split": epoch_split.per_step_ms()}
-            last_epoch = epoch == config.epochs - 1 or step >= total_steps
-            if (epoch + 1) % config.eval_every == 0 or last_epoch:
-                last_eval = self.evaluate(model, plain_model, val_loader)
+            finished_epoch = batch >= self.steps_per_epoch
+            last = epoch == config.epochs - 1 or step >= self.total_steps
+            if (epoch + 1) % config.eval_every == 0 or last:
+                last_eval = self.evaluate()
                 record.update({f"val_{k}": v for k, v in last_eval.items()})
-                run_dir.log("eval", epoch=epoch, step=step, **{f"val_{k}": v for k, v in last_eval.items()})
-            run_dir.log("epoch", **record)
+                self.run_dir.log("eval", epoch=epoch, step=step, **{f"val_{k}": v for k, v in last_eval.items()})
+            self.run_dir.log("epoch", **record)
             if backend.is_main:
-                print(self._epoch_line(epoch, step, total_steps, record), flush=True)
+                print(self._epoch_line(epoch, step, record), flush=True)
+            if finished_epoch:
+                self._save_checkpoint(epoch + 1, 0, step, SumMeter(TRAIN_METRICS, self.device))
+            else:
+                self._save_checkpoint(epoch, batch, step, meter)
 
-        backend.broadcast_buffers(plain_model)
-        state = plain_model.state_dict()
+        if not last_eval:
+            last_eval = self.evaluate()
+        return self._finish(step, epochs_done, split, last_train, last_eval, train_seconds, timed_samples)
+
+    def _finish(self, step, epochs_done, split, last_train, last_eval, train_seconds, timed_samples) -> int:
+        backend, config = self.backend, self.config
+        backend.broadcast_buffers(self.plain_model)
+        state = self.plain_model.state_dict()
         summary = {
             "backend": backend.name,
             "backend_options": backend.describe(),
@@ -218,8 +399,9 @@ class Trainer:
             "dataset": config.dataset,
             "epochs": epochs_done,
             "steps": step,
+            "resumed_from": self.position.resumed_from,
             "global_batch": config.batch_size * backend.world_size,
-            "samples_per_s": global_samples_timed / train_seconds if train_seconds > 0 else None,
+            "samples_per_s": timed_samples / train_seconds if train_seconds > 0 else None,
             "train_s": train_seconds,
             "wall_s": time.time() - psutil.Process().create_time(),  # whole process, imports included
             "train_loss": last_train.get("loss"),
@@ -230,10 +412,9 @@ class Trainer:
             "time_split": split.per_step_ms(),
             "weights_sha256": weights_sha256(state),
         }
-        run_dir.log("summary", **summary)
-        run_dir.save_model(state)
-        run_dir.write_json("summary.json", summary)
-        run_dir.close()
+        self.run_dir.log("summary", **summary)
+        self.run_dir.save_model(state)
+        self.run_dir.write_json("summary.json", summary)
         if backend.is_main:
             print(f"done: {step} steps, val_top1 {summary['val_top1']:.4f}, "
                   f"{summary['samples_per_s'] or 0:.0f} samples/s, run dir {os.path.abspath(config.run_dir)}",
@@ -243,25 +424,28 @@ class Trainer:
 
     # --- evaluation ------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, model, plain_model, val_loader) -> Dict[str, float]:
+    def evaluate(self) -> Dict[str, float]:
         """Exact validation loss, top-1 and top-5 over the whole validation set (every sample
         once across ranks), evaluated with rank 0's buffers."""
-        backend, device = self.backend, self.backend.device
-        backend.broadcast_buffers(plain_model)
-        plain_model.eval()
+        backend, device, model = self.backend, self.device, self.plain_model
+        backend.broadcast_buffers(model)
+        model.eval()
         meter = SumMeter(["loss", "top1", "top5"], device)
-        for images, labels in val_loader:
+        for images, labels in self.val_loader:
             images, labels = images.to(device), labels.to(device)
-            logits = plain_model(images)
+            logits = model(images)
             top1, top5 = topk_correct(logits, labels, (1, 5))
             meter.add(labels.size(0), loss=F.cross_entropy(logits, labels, reduction="sum"), top1=top1, top5=top5)
-        plain_model.train()
+        model.train()
         means = SumMeter.means(["loss", "top1", "top5"], backend.all_reduce_sum(meter.values()))
         return {"loss": means["loss"], "top1": means["top1"], "top5": means["top5"], "samples": means["count"]}
 
-    @staticmethod
-    def _epoch_line(epoch: int, step: int, total_steps: int, r: dict) -> str:
-        line = (f"epoch {epoch + 1} step {step}/{total_steps} train_loss {r['train_loss']:.4f} "
+    def _say(self, message: str) -> None:
+        if self.backend.is_main:
+            print(f"{self.prog}: {message}", flush=True)
+
+    def _epoch_line(self, epoch: int, step: int, r: dict) -> str:
+        line = (f"epoch {epoch + 1} step {step}/{self.total_steps} train_loss {r['train_loss']:.4f} "
                 f"train_top1 {r['train_top1']:.4f}")
         if "val_top1" in r:
             line += f" val_loss {r['val_loss']:.4f} val_top1 {r['val_top1']:.4f} val_top5 {r['val_top5']:.4f}"

@@ -62,8 +62,12 @@ class Run:
         return {e["step"]: e["loss"] for e in self.events if e["event"] == "step"}
 
     def epochs(self) -> List[Dict]:
-        """The epoch events in order."""
-        return [e for e in self.events if e["event"] == "epoch"]
+        """One event per epoch, in order; for an epoch cut short and resumed, its completed record."""
+        last: Dict[int, Dict] = {}
+        for e in self.events:
+            if e["event"] == "epoch":
+                last[e["epoch"]] = e
+        return [last[k] for k in sorted(last)]
 
     def weights(self) -> Dict[str, torch.Tensor]:
         """The final state_dict (weights_only: nothing in the file is executed)."""

@@ -1,0 +1,158 @@
+"""Faults end the whole job cleanly: signals to the launcher, a rank killed, a rank raising."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import psutil
+import pytest
+
+from datasets import write_imagefolder
+from launch import REPO, command, job_env, read_run
+
+LONG = ["--model", "mlp", "--epochs", "400", "--threads", "1"]
+
+
+class Job:
+    """A launched job whose output is collected in the background."""
+
+    def __init__(self, launcher: str, np: int, args):
+        self.proc = subprocess.Popen(command(launcher, np, args), cwd=REPO, env=job_env(), text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        self.lines = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if re.search(pattern, self.output):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.kill()
+        raise AssertionError(f"never printed {pattern!r}:\n{self.output[-3000:]}")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"job still running after {timeout}s:\n{self.output[-3000:]}")
+        self._reader.join(timeout=10)
+        return code
+
+    def kill(self):
+        try:
+            import os
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def job_processes(marker: str):
+    """Live processes whose command line mentions `marker` (the job's unique run directory)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def assert_nothing_left(marker: str, within: float = 10) -> None:
+    deadline = time.monotonic() + within
+    while job_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = job_processes(marker)
+    for proc in left:
+        proc.kill()
+    assert not left, f"processes left behind: {[p.pid for p in left]}"
+
+
+def rank_of(proc: psutil.Process):
+    env = proc.environ()
+    for var in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"):
+        if var in env:
+            return int(env[var])
+    return None
+
+
+def worker(marker: str, rank: int) -> psutil.Process:
+    for proc in job_processes(marker):
+        cmd = " ".join(proc.cmdline())
+        if re.search(r"-m (ddp|hvd)_train", cmd) and "torchrun" not in cmd and "horovodrun" not in cmd \
+                and "mpirun" not in cmd and rank_of(proc) == rank:
+            return proc
+    raise AssertionError(f"no worker of rank {rank} found")
+
+
+@pytest.mark.parametrize("launcher,sig", [("torchrun", signal.SIGTERM), ("torchrun", signal.SIGINT),
+                                          ("horovodrun-gloo", signal.SIGTERM), ("mpirun", signal.SIGTERM)])
+def test_signal_to_launcher_stops_every_rank_with_a_checkpoint(tmp_path, launcher, sig):
+    run_dir = tmp_path / "run"
+    job = Job(launcher, 2, LONG + ["--run-dir", str(run_dir)])
+    job.wait_for(r"epoch 2 step")
+    sent = time.monotonic()
+    job.proc.send_signal(sig)
+    code = job.wait(timeout=15)
+    assert time.monotonic() - sent < 15
+    assert code != 0
+    assert_nothing_left(str(run_dir))
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    stopped = [e for e in events if e["event"] == "stopped"]
+    assert stopped, f"no final checkpoint:\n{job.output[-3000:]}"
+    assert any(e["event"] == "checkpoint" and e["step"] == stopped[0]["step"] for e in events)
+    # The run continues from there.
+    from common.checkpoint import find_newest_valid
+    ckpt, _, problems = find_newest_valid(str(run_dir))
+    assert ckpt["step"] == stopped[0]["step"] and not problems
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun"])
+def test_a_killed_rank_ends_the_job(tmp_path, launcher):
+    run_dir = tmp_path / "run"
+    job = Job(launcher, 2, LONG + ["--run-dir", str(run_dir)])
+    job.wait_for(r"epoch 2 step")
+    worker(str(run_dir), 1).kill()
+    killed = time.monotonic()
+    code = job.wait(timeout=60)
+    assert code != 0 and time.monotonic() - killed < 60
+    assert_nothing_left(str(run_dir))
+    assert re.search(r"(rank\s*:\s*1\b|Process name: 1\b|\[\[\d+,\d+\],1\]|rank 1 )", job.output), job.output[-3000:]
+    assert not (run_dir / "summary.json").exists()
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "horovodrun-gloo", "mpirun"])
+def test_a_rank_that_raises_ends_the_job_and_is_named(tmp_path, launcher):
+    data = write_imagefolder(tmp_path / "data", classes=2, per_class=16, size=16)
+    run_dir = tmp_path / "run"
+    job = Job(launcher, 2, ["--dataset", "imagefolder", "--data-dir", str(data), "--image-size", "16",
+                            "--model", "mlp", "--batch-size", "2", "--epochs", "400", "--threads", "1",
+                            "--run-dir", str(run_dir)])
+    job.wait_for(r"epoch 2 step")
+    victim = sorted((data / "train").rglob("*.png"))[0]
+    victim.write_bytes(b"not a png any more")  # unreadable mid-run: the rank that reads it raises
+    code = job.wait(timeout=60)
+    assert code != 0
+    assert_nothing_left(str(run_dir))
+    failed = re.search(r"\[rank (\d)\] hvd_train: error: rank (\d) failed|\[rank (\d)\] ddp_train: error: rank (\d) failed",
+                       job.output)
+    assert failed, job.output[-3000:]
+    assert "UnidentifiedImageError" in job.output or "cannot identify image" in job.output
