@@ -96,9 +96,10 @@ def rank_of(proc: psutil.Process):
 
 def worker(marker: str, rank: int) -> psutil.Process:
     for proc in job_processes(marker):
-        cmd = " ".join(proc.cmdline())
-        if re.search(r"-m (ddp|hvd)_train", cmd) and "torchrun" not in cmd and "horovodrun" not in cmd \
-                and "mpirun" not in cmd and rank_of(proc) == rank:
+        cmd = proc.cmdline()
+        # The training interpreter itself: python -m ddp_train|hvd_train (not a launcher or shell).
+        head = cmd[1:4]  # torchrun adds -u before -m
+        if "-m" in head and cmd[cmd.index("-m") + 1] in ("ddp_train", "hvd_train") and rank_of(proc) == rank:
             return proc
     raise AssertionError(f"no worker of rank {rank} found")
 
