@@ -92,9 +92,24 @@ class DDPBackend(Backend):
             # One process: an in-memory store, no port to open.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
-            dist.init_process_group(backend, init_method="env://", rank=self._rank, world_size=self._world,
+            dist.init_process_group(backend, store=self._store(timeout), rank=self._rank, world_size=self._world,
                                     timeout=timeout)
         self.process_group_backend = backend
+
+    def _store(self, timeout: datetime.timedelta):
+        """The rendezvous store at MASTER_ADDR:MASTER_PORT, with keys private to this attempt.
+
+        Under torchrun the agent's store outlives a restart (--max-restarts); without a prefix per
+        attempt, restarted ranks read the previous attempt's addresses and fail to connect.
+        """
+        import torch.distributed as dist
+
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        store = dist.TCPStore(host, port, self._world, is_master=not agent_hosts_store and self._rank == 0,
+                              timeout=timeout, multi_tenant=not agent_hosts_store)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return dist.PrefixStore(f"ddp_train/attempt_{attempt}", store)
 
     def shutdown(self) -> None:
         import gc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import psutil
 import pytest
 
 from datasets import write_imagefolder
-from launch import REPO, command, job_env, read_run
+from launch import REPO, command, job_env
 
 LONG = ["--model", "mlp", "--epochs", "400", "--threads", "1"]
 
@@ -21,8 +22,8 @@ LONG = ["--model", "mlp", "--epochs", "400", "--threads", "1"]
 class Job:
     """A launched job whose output is collected in the background."""
 
-    def __init__(self, launcher: str, np: int, args):
-        self.proc = subprocess.Popen(command(launcher, np, args), cwd=REPO, env=job_env(), text=True,
+    def __init__(self, cmd):
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.lines = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -58,7 +59,6 @@ class Job:
 
     def kill(self):
         try:
-            import os
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
@@ -108,7 +108,7 @@ def worker(marker: str, rank: int) -> psutil.Process:
                                           ("horovodrun-gloo", signal.SIGTERM), ("mpirun", signal.SIGTERM)])
 def test_signal_to_launcher_stops_every_rank_with_a_checkpoint(tmp_path, launcher, sig):
     run_dir = tmp_path / "run"
-    job = Job(launcher, 2, LONG + ["--run-dir", str(run_dir)])
+    job = Job(command(launcher, 2, LONG + ["--run-dir", str(run_dir)]))
     job.wait_for(r"epoch 2 step")
     sent = time.monotonic()
     job.proc.send_signal(sig)
@@ -129,7 +129,7 @@ def test_signal_to_launcher_stops_every_rank_with_a_checkpoint(tmp_path, launche
 @pytest.mark.parametrize("launcher", ["torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun"])
 def test_a_killed_rank_ends_the_job(tmp_path, launcher):
     run_dir = tmp_path / "run"
-    job = Job(launcher, 2, LONG + ["--run-dir", str(run_dir)])
+    job = Job(command(launcher, 2, LONG + ["--run-dir", str(run_dir)]))
     job.wait_for(r"epoch 2 step")
     worker(str(run_dir), 1).kill()
     killed = time.monotonic()
@@ -144,9 +144,9 @@ def test_a_killed_rank_ends_the_job(tmp_path, launcher):
 def test_a_rank_that_raises_ends_the_job_and_is_named(tmp_path, launcher):
     data = write_imagefolder(tmp_path / "data", classes=2, per_class=16, size=16)
     run_dir = tmp_path / "run"
-    job = Job(launcher, 2, ["--dataset", "imagefolder", "--data-dir", str(data), "--image-size", "16",
+    job = Job(command(launcher, 2, ["--dataset", "imagefolder", "--data-dir", str(data), "--image-size", "16",
                             "--model", "mlp", "--batch-size", "2", "--epochs", "400", "--threads", "1",
-                            "--run-dir", str(run_dir)])
+                            "--run-dir", str(run_dir)]))
     job.wait_for(r"epoch 2 step")
     victim = sorted((data / "train").rglob("*.png"))[0]
     victim.write_bytes(b"not a png any more")  # unreadable mid-run: the rank that reads it raises
@@ -157,3 +157,22 @@ def test_a_rank_that_raises_ends_the_job_and_is_named(tmp_path, launcher):
                        job.output)
     assert failed, job.output[-3000:]
     assert "UnidentifiedImageError" in job.output or "cannot identify image" in job.output
+
+
+def test_torchrun_restart_resumes_and_ends_bitwise_equal(tmp_path):
+    """torchrun --max-restarts 1 with --resume auto: a rank killed once costs only a restart."""
+    from launch import BIN, launch, read_run as read
+    args = ["--model", "mlp", "--epochs", "4", "--threads", "1", "--checkpoint-every", "5", "--resume", "auto"]
+    undisturbed = tmp_path / "undisturbed"
+    launch("torchrun", 2, args + ["--run-dir", str(undisturbed)]).check()
+
+    run_dir = tmp_path / "restarted"
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+           "-m", "ddp_train", *args, "--run-dir", str(run_dir)]
+    job = Job(cmd)
+    job.wait_for(r"epoch 2 step")
+    worker(str(run_dir), 1).kill()
+    assert job.wait(timeout=120) == 0, job.output[-3000:]
+    assert "resuming from" in job.output
+    assert read(run_dir)["summary"]["weights_sha256"] == read(undisturbed)["summary"]["weights_sha256"]
+    assert_nothing_left(str(run_dir))
