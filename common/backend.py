@@ -24,6 +24,7 @@ class Backend:
 
     def __init__(self) -> None:
         self._comm_seconds = 0.0
+        self.current_step = 0
 
     # --- identity ------------------------------------------------------------------------
     @property
@@ -73,9 +74,18 @@ class Backend:
     def check_environment(self) -> None:
         """Raise common.config.UsageError when this backend cannot run here (before init)."""
 
-    def init(self) -> None:
-        """Join the job (collective). Called once, after inputs were checked."""
+    def init(self, timeout_s: float) -> None:
+        """Join the job (collective). Called once, after inputs were checked. A collective that
+        waits longer than `timeout_s` for another rank fails instead of hanging."""
         raise NotImplementedError
+
+    def note_step(self, step: int) -> None:
+        """Record the step this rank is on (read by explain_stall; must be cheap)."""
+        self.current_step = step
+
+    def explain_stall(self) -> str | None:
+        """After a failed collective: which ranks stopped taking part, if this backend can tell."""
+        return None
 
     def shutdown(self) -> None:
         """Leave the job cleanly."""
@@ -164,7 +174,7 @@ class LocalBackend(Backend):
     def world_size(self) -> int:
         return 1
 
-    def init(self) -> None:
+    def init(self, timeout_s: float) -> None:
         pass
 
     def wrap(self, model, optimizer):

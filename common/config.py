@@ -46,6 +46,7 @@ class Config:
     eval_every: int = 1
     log_every: int = 1
     run_dir: str = "runs/latest"
+    timeout: float = 300.0
     checkpoint_every: int = 0
     keep_checkpoints: int = 3
     resume: Optional[str] = None
@@ -170,6 +171,9 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     run.add_argument("--log-every", type=_positive_int, default=d.log_every,
                      help="write a step event to metrics.jsonl every N steps")
     run.add_argument("--run-dir", default=d.run_dir, help="where rank 0 writes the run directory")
+    run.add_argument("--timeout", type=_positive_float, default=d.timeout,
+                     help="seconds a collective (or the rendezvous) may wait for another rank before the job "
+                          "fails naming the ranks that stopped taking part")
     run.add_argument("--checkpoint-every", type=_non_negative_int, default=d.checkpoint_every,
                      help="also checkpoint every N optimizer steps (a checkpoint is always written at every "
                           "epoch end and when training stops); 0: epoch ends only")

@@ -22,6 +22,7 @@ from .data import make_loaders, open_datasets
 from .metrics import Clock, SumMeter, TimeSplit, topk_correct
 from .models import build_model, check_model_fits
 from .optim import lr_at, make_optimizer, set_lr
+from .watchdog import ProgressWatchdog
 from .rundir import RunDir, command_line, detect_launcher, versions, weights_sha256
 
 TRAIN_METRICS = ["loss", "correct"]
@@ -42,6 +43,8 @@ def default_threads(local_world_size: int) -> int:
 
 #: steps between the ranks' checks for a stop request (a tiny collective each time)
 STOP_CHECK_EVERY = 5
+#: how much longer than --timeout the progress watchdog waits (the backends' own timeouts go first)
+WATCHDOG_GRACE_S = 10.0
 
 
 class Interrupted(Exception):
@@ -102,8 +105,10 @@ class Trainer:
         except RuntimeError as exc:
             fail_usage(self.prog, str(exc))
         self.stop_signal: Optional[int] = None
-        self.backend.init()
+        self.backend.init(self.config.timeout)
         self._install_stop_handlers()  # after init: MPI may install handlers of its own
+        # The backend's own timeouts should fire first; the watchdog covers waits that have none.
+        self.watchdog = ProgressWatchdog(self.config.timeout + WATCHDOG_GRACE_S, self._no_progress)
         try:
             self._setup(train_set, val_set, info)
             return self._train()
@@ -118,6 +123,9 @@ class Trainer:
             return 128 + stop.signum
         except Exception:  # noqa: BLE001 - any other failure ends this rank, loudly and at once
             traceback.print_exc()
+            stall = self.backend.explain_stall()
+            if stall:
+                print(f"[rank {self.backend.rank}] {self.prog}: error: {stall}", file=sys.stderr, flush=True)
             print(f"[rank {self.backend.rank}] {self.prog}: error: rank {self.backend.rank} failed "
                   f"(traceback above); the launcher stops the other ranks", file=sys.stderr, flush=True)
             sys.stdout.flush()
@@ -125,9 +133,22 @@ class Trainer:
             # complete, and a clean shutdown would wait for them too.
             os._exit(1)
         finally:
+            self.watchdog.stop()
             if getattr(self, "run_dir", None) is not None:
                 self.run_dir.close()
             self.backend.shutdown()
+
+    def _no_progress(self, idle_s: float) -> None:
+        """Watchdog expiry: say what is known about the stall, then end this rank at once."""
+        rank = self.backend.rank
+        print(f"[rank {rank}] {self.prog}: error: no progress for {idle_s:.0f} s at step "
+              f"{self.backend.current_step} (--timeout {self.config.timeout:g}); another rank stopped taking "
+              "part in a collective", file=sys.stderr, flush=True)
+        stall = self.backend.explain_stall()
+        if stall:
+            print(f"[rank {rank}] {self.prog}: error: {stall}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
 
     def _install_stop_handlers(self) -> None:
         """First SIGINT/SIGTERM: finish the step, agree with the other ranks, checkpoint and stop.
@@ -259,6 +280,7 @@ class Trainer:
     def _save_checkpoint(self, epoch: int, batch: int, step: int, meter: SumMeter) -> None:
         """Every rank contributes its RNG state and partial sums; rank 0 writes; all wait for it."""
         backend = self.backend
+        self.watchdog.beat()
         rng = backend.all_gather_object(torch.get_rng_state())
         meters = backend.all_gather_object(meter.values())
         if backend.is_main:
@@ -272,6 +294,7 @@ class Trainer:
                 "settings": self.settings, "rng": rng, "meter": meters,
             }, path)
             ckpt_io.prune(self.config.run_dir, self.config.keep_checkpoints)
+            self.watchdog.beat()
             self.run_dir.log("checkpoint", epoch=epoch, step=step, path=path)
         backend.barrier()
 
@@ -323,6 +346,8 @@ class Trainer:
                 step += 1
                 batch += 1
                 steps_this_run += 1
+                backend.note_step(step)
+                self.watchdog.beat()
                 if steps_this_run == 1:
                     first_step_s = t_end - epoch_start
                 checkpoint_due = (config.checkpoint_every and step % config.checkpoint_every == 0
@@ -434,6 +459,7 @@ class Trainer:
         for images, labels in self.val_loader:
             images, labels = images.to(device), labels.to(device)
             logits = model(images)
+            self.watchdog.beat()
             top1, top5 = topk_correct(logits, labels, (1, 5))
             meter.add(labels.size(0), loss=F.cross_entropy(logits, labels, reduction="sum"), top1=top1, top5=top5)
         model.train()

@@ -36,9 +36,9 @@ class DDPBackend(Backend):
 
     name = "ddp"
 
-    def __init__(self, timeout_s: float = 1800.0) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.timeout_s = timeout_s
+        self._stall_store = None
         env = os.environ
         if "RANK" in env and "WORLD_SIZE" in env:
             self.source = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "env"
@@ -83,18 +83,39 @@ class DDPBackend(Backend):
                     f"under srun without torchrun, export {' and '.join(missing)} (the first host of the "
                     "allocation, e.g. $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1), and a free port)")
 
-    def init(self) -> None:
+    def init(self, timeout_s: float) -> None:
         import torch.distributed as dist
 
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        timeout = datetime.timedelta(seconds=self.timeout_s)
+        timeout = datetime.timedelta(seconds=timeout_s)
         if self.source == "single" or self._world == 1 and not os.environ.get("MASTER_ADDR"):
             # One process: an in-memory store, no port to open.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
-            dist.init_process_group(backend, store=self._store(timeout), rank=self._rank, world_size=self._world,
-                                    timeout=timeout)
+            store = self._store(timeout)
+            dist.init_process_group(backend, store=store, rank=self._rank, world_size=self._world, timeout=timeout)
+            # A second connection, used only after a failure, to find who stopped taking part.
+            self._stall_store = self._store(timeout)
         self.process_group_backend = backend
+
+    # --- naming a rank that stopped taking part --------------------------------------------
+    def explain_stall(self):
+        """After a failed collective every rank that is still alive checks in at the store and
+        waits a moment; the ranks that never check in are the ones that stopped taking part.
+        Costs nothing while training runs."""
+        store = self._stall_store
+        if store is None:
+            return None
+        try:
+            store.set(f"stalled/{self._rank}", str(self.current_step))
+            time.sleep(3.0)
+            missing = [r for r in range(self._world) if not store.check([f"stalled/{r}"])]
+        except Exception:  # noqa: BLE001 - no store, no explanation
+            return None
+        if not missing:
+            return None
+        return (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} stopped taking part "
+                f"(did not check in after the failed collective at step {self.current_step})")
 
     def _store(self, timeout: datetime.timedelta):
         """The rendezvous store at MASTER_ADDR:MASTER_PORT, with keys private to this attempt.

@@ -64,7 +64,12 @@ class HorovodBackend(Backend):
     def _initialised(self) -> bool:
         return self.hvd is not None and self.hvd.is_initialized()
 
-    def init(self) -> None:
+    def init(self, timeout_s: float) -> None:
+        # Horovod's stall inspector names the ranks missing from a collective, and with a shutdown
+        # time ends the job instead of waiting forever. Both are read by hvd.init().
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(timeout_s // 2))))
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(max(2, int(timeout_s))))
+        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(1, int(timeout_s))))
         self.hvd.init()
 
     def shutdown(self) -> None:

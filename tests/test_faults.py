@@ -176,3 +176,32 @@ def test_torchrun_restart_resumes_and_ends_bitwise_equal(tmp_path):
     assert "resuming from" in job.output
     assert read(run_dir)["summary"]["weights_sha256"] == read(undisturbed)["summary"]["weights_sha256"]
     assert_nothing_left(str(run_dir))
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "horovodrun-gloo", "mpirun"])
+def test_a_stuck_rank_is_reported_within_the_timeout(tmp_path, launcher):
+    run_dir = tmp_path / "run"
+    job = Job(command(launcher, 2, LONG + ["--timeout", "10", "--run-dir", str(run_dir)]))
+    job.wait_for(r"epoch 2 step")
+    stuck = worker(str(run_dir), 1)
+    stuck.send_signal(signal.SIGSTOP)  # alive, holding its connections, taking no part
+    started = time.monotonic()
+    try:
+        code = job.wait(timeout=90)
+    finally:
+        try:
+            stuck.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert code != 0
+    assert_nothing_left(str(run_dir))
+    if launcher == "torchrun":
+        # DDP names the rank: the live ranks check in at the store, the stuck one cannot.
+        assert "[rank 0] ddp_train: error: rank 1 stopped taking part" in job.output, job.output[-3000:]
+    elif launcher == "mpirun":
+        # An MPI wait has no timeout of its own: the progress watchdog ends it after --timeout + grace.
+        assert "[rank 0] hvd_train: error: no progress for" in job.output, job.output[-3000:]
+    else:
+        # Horovod's Gloo controller times out by itself (HOROVOD_GLOO_TIMEOUT_SECONDS from --timeout).
+        assert "[rank 0] hvd_train: error:" in job.output, job.output[-3000:]
+    assert time.monotonic() - started < 60
