@@ -63,7 +63,7 @@ def test_launcher_writes_complete_run_dir(runs, launcher, setting):
         assert config["backend"]["controller"] == launcher.split("-")[1]
 
     kinds = {e["event"] for e in run["events"]}
-    assert kinds == {"step", "epoch", "eval", "summary"}
+    assert kinds == {"step", "epoch", "eval", "checkpoint", "summary"}
     assert len(step_losses(run)) == 30
 
     # model.pt is a plain state_dict (no DDP "module." prefix) that matches the summary's checksum.
