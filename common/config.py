@@ -7,7 +7,7 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 DATASETS = ("digits", "synthetic", "mnist", "cifar10", "imagefolder")
 MODELS = ("mlp", "convnet", "mnist_net", "resnet18", "resnet50")
@@ -88,7 +88,7 @@ def _print_error(line: str) -> None:
     print(prefix + line, file=sys.stderr, flush=True)
 
 
-def fail_usage(prog: str, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+def fail_usage(prog: str, message: str) -> NoReturn:
     """Print one error line naming the problem and the fix, then exit with code 2."""
     _print_error(f"{prog}: error: {message}")
     sys.exit(2)
