@@ -66,7 +66,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line (prog: error: ...) and exits 2."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
@@ -125,7 +125,7 @@ def _non_negative_float(text: str) -> float:
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The one parser of training options; ddp_train and hvd_train both use it unchanged."""
     d = Config()
-    p = _OneLineParser(prog=prog, description=description,
+    p = OneLineParser(prog=prog, description=description,
                        formatter_class=_HelpFormatter)
     data = p.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASETS, default=d.dataset,

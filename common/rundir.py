@@ -85,14 +85,14 @@ def detect_launcher() -> str:
     return "none"
 
 
-def _clean(value: Any) -> Any:
-    """JSON has no NaN/inf: write them as null."""
+def json_safe(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as null (recursively)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -146,7 +146,7 @@ class RunDir:
         final = os.path.join(self.path, name)
         tmp = final + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(_clean(data), f, indent=2, sort_keys=True)
+            json.dump(json_safe(data), f, indent=2, sort_keys=True)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -157,7 +157,7 @@ class RunDir:
         if not self.is_main or self._metrics is None:
             return
         record = {"event": event, "time": time.time(), **fields}
-        self._metrics.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+        self._metrics.write(json.dumps(json_safe(record), sort_keys=True) + "\n")
 
     def save_model(self, state_dict: Dict[str, torch.Tensor]) -> None:
         """Write model.pt (plain state_dict, loadable with weights_only=True) atomically."""

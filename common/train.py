@@ -162,10 +162,10 @@ class Trainer:
             signal.signal(sig, request_stop)
 
     def _stop_agreed(self) -> Optional[int]:
-        """The signal that asked any rank to stop, agreed on by all ranks (a collective)."""
-        asked = self.stop_signal or 0
-        count, total = self.backend.all_reduce_sum([1.0 if asked else 0.0, float(asked)])
-        return int(round(total / count)) if count else None
+        """If any rank was asked to stop (a collective): the signal this rank saw, or SIGTERM
+        when the request reached only other ranks."""
+        (asking,) = self.backend.all_reduce_sum([1.0 if self.stop_signal else 0.0])
+        return (self.stop_signal or int(signal.SIGTERM)) if asking else None
 
     def _setup(self, train_set, val_set, info) -> None:
         config, backend = self.config, self.backend
@@ -239,8 +239,7 @@ class Trainer:
         else:
             path = config.resume
             loaded = ckpt_io.check_format(ckpt_io.verified_load(path), path)
-        ckpt_io.check_matches(loaded, {"model": config.model, "dataset": config.dataset,
-                                       "image_size": self.info.image_size, "batch_size": config.batch_size}, path)
+        ckpt_io.check_matches(loaded, self.settings, path)
         loaded["path"] = path
         return loaded
 
@@ -281,8 +280,7 @@ class Trainer:
         """Every rank contributes its RNG state and partial sums; rank 0 writes; all wait for it."""
         backend = self.backend
         self.watchdog.beat()
-        rng = backend.all_gather_object(torch.get_rng_state())
-        meters = backend.all_gather_object(meter.values())
+        rng, meters = zip(*backend.all_gather_object((torch.get_rng_state(), meter.values())))
         if backend.is_main:
             path = ckpt_io.checkpoint_path(self.config.run_dir, step)
             ckpt_io.atomic_save({
@@ -291,7 +289,7 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(),
                 "epoch": epoch, "batch": batch, "step": step,
                 "world_size": backend.world_size, "backend": backend.name,
-                "settings": self.settings, "rng": rng, "meter": meters,
+                "settings": self.settings, "rng": list(rng), "meter": list(meters),
             }, path)
             ckpt_io.prune(self.config.run_dir, self.config.keep_checkpoints)
             self.watchdog.beat()

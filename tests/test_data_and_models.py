@@ -80,5 +80,8 @@ def test_seed_fixes_the_split_and_synthetic_samples():
     again = open_datasets(Config(dataset="digits", seed=5))
     other = open_datasets(Config(dataset="digits", seed=6))
     assert first[1].indices == again[1].indices != other[1].indices
-    syn = open_datasets(Config(dataset="synthetic", image_size=16, synthetic_samples=32, seed=1))[0]
-    assert torch.equal(syn[3][0], syn[3][0])
+    syn_config = Config(dataset="synthetic", image_size=16, synthetic_samples=32, seed=1)
+    syn, syn_again = open_datasets(syn_config)[0], open_datasets(syn_config)[0]
+    other_seed = open_datasets(Config(dataset="synthetic", image_size=16, synthetic_samples=32, seed=2))[0]
+    assert torch.equal(syn[3][0], syn_again[3][0]) and syn[3][1] == syn_again[3][1]
+    assert not torch.equal(syn[3][0], other_seed[3][0])

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from ..config import build_parser
+from ..config import OneLineParser, build_parser
 from . import report
 from .analysis import DEFAULT_TOLERANCE
 from .matrix import MatrixRunner, failure_record, plan
@@ -32,15 +32,9 @@ def _csv(kind, choices=None):
     return parse
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
-
-
 def build_compare_parser() -> argparse.ArgumentParser:
     """Options of the comparison itself; every other option is a training option."""
-    p = _Parser(prog=PROG, description=__doc__,
+    p = OneLineParser(prog=PROG, description=__doc__,
                 epilog="Any other option is a training option (see python -m ddp_train --help) and is passed "
                        "unchanged to every run, e.g. --model resnet18 --dataset synthetic --epochs 2.")
     p.add_argument("--backends", type=_csv(str, ("ddp", "horovod")), default=["ddp", "horovod"],

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .launchers import LaunchSpec
+from .rundirs import run_name
 
 EPOCH_LINE = re.compile(r"^epoch (\d+) step (\d+)/(\d+)")
 
@@ -27,7 +28,7 @@ class PlannedRun:
 
     @property
     def name(self) -> str:
-        return f"{self.spec.label}@{self.spec.np}#{self.repeat + 1}"
+        return run_name(self.spec.label, self.spec.np, self.repeat)
 
     @property
     def dirname(self) -> str:

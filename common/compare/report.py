@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Dict, List
 
+from ..rundir import json_safe
 from . import analysis, plots
 from .rundirs import Run, setting_differences
 
@@ -57,19 +58,9 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
         "notes": notes,
         "plots": figures,
     }
-    (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, sort_keys=True) + "\n")
+    (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, sort_keys=True) + "\n")
     (out / "report.md").write_text(_markdown(summary, runs))
     return summary
-
-
-def _json_safe(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def _markdown(s: Dict, runs: List[Run]) -> str:

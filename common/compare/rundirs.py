@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 
@@ -17,8 +17,9 @@ MUST_MATCH = ("model", "dataset", "seed", "batch_size")
 IGNORED = ("run_dir", "log_every", "eval_every", "workers", "device")
 
 
-class IncomparableRuns(Exception):
-    """Runs that cannot be compared; the message names every reason."""
+def run_name(label: str, world_size: int, repeat: int) -> str:
+    """How the comparison names a run: backend@world size#repeat (1-based), e.g. ddp@2#1."""
+    return f"{label}@{world_size}#{repeat + 1}"
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Run:
 
     @property
     def name(self) -> str:
-        return f"{self.key}#{self.repeat + 1}"
+        return run_name(self.label, self.world_size, self.repeat)
 
     def step_losses(self) -> Dict[int, float]:
         """Rank 0's loss at each logged step."""
@@ -129,7 +130,3 @@ def check_comparable(runs: List[Run]) -> List[str]:
             reasons.append(f"steps differ at world size {world} ({shown})")
     return reasons
 
-
-def first(runs: List[Run], key: str) -> Optional[Run]:
-    """The first repeat of backend@world `key`, if any."""
-    return next((r for r in runs if r.key == key), None)
