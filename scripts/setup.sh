@@ -20,7 +20,9 @@ die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # --- 1. system packages --------------------------------------------------------------------
-SYSTEM_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make)
+# openssh-server, openssh-client and iproute2: the simulated two-host cluster of the multinode tests
+# (network namespaces, each running its own sshd) and the launch doctor's ssh checks.
+SYSTEM_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make openssh-server openssh-client iproute2)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
