@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Refresh every benchmark result in benchmarks/results/ (JSON + PNG), then the comparison report
+# with its benchmark section. Run on a quiet machine: anything else running disturbs the numbers
+# (each JSON records the load average it started under).
+#
+#   benchmarks/run_all.sh            # the full set (about an hour on 2 cores)
+#   QUICK=1 benchmarks/run_all.sh    # small sizes, one repeat: checks the pipeline in minutes
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+OUT=${OUT:-benchmarks/results}
+mkdir -p "$OUT"
+
+if [[ "${QUICK:-0}" == 1 ]]; then
+  "$PY" -m benchmarks.allreduce --np 2 --max-bytes 4M --iters 5 --out "$OUT"
+  "$PY" -m benchmarks.throughput --np 1,2 --models convnet --image-size 32 --steps 6 --repeats 1 --out "$OUT"
+else
+  # Message sizes 4 B .. 256 MB by powers of 4, torch.distributed and both Horovod controllers.
+  "$PY" -m benchmarks.allreduce --np 2,4 --out "$OUT"
+  # convnet 32x32 and resnet18 224x224, per-rank batch 16, every world size, 3 repeats,
+  # with the bare DDP loop and N independent processes as references.
+  "$PY" -m benchmarks.throughput --np 1,2,4 --models convnet,resnet18 \
+      --image-size convnet=32,resnet18=224 --batch-size 16 --steps 12 --repeats 3 \
+      --backends ddp,horovod-gloo,horovod-mpi --out "$OUT"
+fi
+
+# The comparison report on the embedded default, with the benchmark section added.
+"$PY" -m common.compare --repeats 1 --out runs/compare --bench "$OUT"
+echo "benchmarks: results in $OUT, report in runs/compare/report.md"

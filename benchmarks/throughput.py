@@ -1,0 +1,393 @@
+"""Training throughput per backend and world size, through the real entry points and launchers.
+
+    python -m benchmarks.throughput --np 1,2 --models convnet,resnet18 --out benchmarks/results
+    python -m benchmarks.throughput --np 2 --models resnet18 --sweep bucket-mb=4,25 -- --amp bf16
+    python -m benchmarks.throughput --np 2 --backends horovod-gloo --sweep HOROVOD_CYCLE_TIME=1,5
+
+Each run is `python -m ddp_train` under torchrun or `python -m hvd_train` under horovodrun on
+synthetic data at a fixed per-rank batch; its samples/s is read from summary.json (the first step
+is excluded). Reported per model and setting, median and spread over --repeats:
+
+- scaling efficiency: throughput(N) / (N x throughput(1)), each backend against its own one process;
+- exchange overhead: 1 - throughput(N) / throughput of N independent world-size-1 processes started
+  together, each with the threads of one rank (the same per-rank work and core sharing, no gradient
+  exchange), so what remains is what exchanging gradients costs;
+- loop ratio: our DDP loop's step time / the bare DDP loop's (benchmarks/bare_ddp.py) at the same
+  world size; 1.00 means the loop's logging, meters, checkpoints and stop checks cost nothing.
+
+--sweep KNOB=v1,v2 repeats the matrix for each value: a lower-case KNOB is a training option
+(`--KNOB v`; on/off for flags such as channels-last), an upper-case one an environment variable of
+the job (e.g. HOROVOD_CYCLE_TIME). Options after `--` go to every training run.
+Writes DIR/throughput.json and DIR/throughput.png and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from common.compare.launchers import LaunchSpec
+from common.config import build_parser as training_parser
+
+from .jobs import JobFailed, run_job, run_jobs_together, worker_command
+from .machine import cores, csv_ints, load, machine, print_table, under_load, write_json
+
+#: label -> (backend, Horovod controller) as common.compare.launchers.LaunchSpec takes them
+BACKENDS = {"ddp": ("ddp", None), "horovod-gloo": ("horovod", "gloo"), "horovod-mpi": ("horovod", "mpi")}
+BASELINES = ("bare", "independent")
+VAL_FRACTION = 0.2  # common.data's train/validation split
+
+
+@dataclass
+class Case:
+    """One setting to measure: a model at an image size, plus the swept knob's value (if any)."""
+
+    model: str
+    image_size: int
+    knob: Optional[str] = None
+    value: Optional[str] = None
+    train_args: List[str] = field(default_factory=list)
+    env: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.model + (f" {self.knob}={self.value}" if self.knob else "")
+
+    @property
+    def slug(self) -> str:
+        return self.model + (f"-{self.knob}-{self.value}" if self.knob else "")
+
+
+def parse_image_sizes(text: str) -> Dict[str, int]:
+    """'64' (every model) or 'convnet=32,resnet18=224' -> {model or '*': size}."""
+    out = {}
+    try:
+        for part in text.split(","):
+            if "=" in part:
+                model, size = part.split("=", 1)
+                out[model.strip()] = int(size)
+            elif part.strip():
+                out["*"] = int(part)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write a size (64) or model=size pairs (convnet=32,resnet18=224)")
+    if not out or min(out.values()) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: image sizes must be >= 1")
+    return out
+
+
+def parse_sweep(text: str) -> Tuple[str, List[str]]:
+    """'bucket-mb=4,25' -> ('bucket-mb', ['4', '25'])."""
+    knob, _, values = text.partition("=")
+    knob = knob.strip().lstrip("-")
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if not knob or not items:
+        raise argparse.ArgumentTypeError(f"--sweep {text!r}: write KNOB=v1,v2, e.g. bucket-mb=4,25")
+    return knob, items
+
+
+def knob_args(knob: str, value: str) -> Tuple[List[str], Dict[str, str]]:
+    """Training options and environment that set `knob` to `value`; UsageError-style ValueError
+    naming the fix when the training options have no such knob."""
+    if knob[0].isupper():
+        return [], {knob: value}
+    actions = training_parser("train", "")._option_string_actions
+    action = actions.get(f"--{knob}")
+    if action is None:
+        known = sorted(o[2:] for o in actions if o.startswith("--") and o != "--help")
+        raise ValueError(f"--sweep {knob}: the training options have no --{knob}; choose from {', '.join(known)}")
+    if action.nargs == 0:  # a flag such as --channels-last
+        if value.lower() in ("on", "true", "1", "yes"):
+            return [f"--{knob}"], {}
+        if value.lower() in ("off", "false", "0", "no"):
+            return [], {}
+        raise ValueError(f"--sweep {knob}: --{knob} is a flag; sweep it as {knob}=off,on")
+    return [f"--{knob}", value], {}
+
+
+def build_cli() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--np", dest="world_sizes", type=csv_ints, default=[1, 2, 4], help="world sizes, e.g. 1,2,4")
+    p.add_argument("--backends", default="ddp,horovod-gloo", help=f"comma-separated, from {', '.join(BACKENDS)}")
+    p.add_argument("--models", default="convnet,resnet18", help="comma-separated models")
+    p.add_argument("--image-size", type=parse_image_sizes, default=parse_image_sizes("convnet=32,resnet18=224"),
+                   help="synthetic image size: one for all (64) or per model (convnet=32,resnet18=224)")
+    p.add_argument("--batch-size", type=int, default=16, help="per-rank batch (fixed across world sizes)")
+    p.add_argument("--steps", type=int, default=12, help="optimizer steps per run (the first is not timed)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of every cell, interleaved; median and spread")
+    p.add_argument("--baselines", default="bare,independent",
+                   help="reference runs: bare (benchmarks/bare_ddp.py), independent (no exchange), or none")
+    p.add_argument("--sweep", type=parse_sweep, action="append", default=[], metavar="KNOB=v1,v2",
+                   help="measure again for each value of a training option or environment variable")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="where the JSON and PNG go")
+    p.add_argument("--work", type=Path, default=Path("runs/bench"), help="run directories (not kept in git)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds before one run is stopped")
+    return p
+
+
+def _fail(message: str) -> int:
+    print(f"throughput: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Measure; exit 0 when every run succeeded, 1 when some failed (the rest is reported), 2 on bad input."""
+    raw = list(sys.argv[1:] if argv is None else argv)
+    argv, extra = raw, []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    args = build_cli().parse_args(argv)
+    backends = [b for b in args.backends.split(",") if b]
+    models = [m for m in args.models.split(",") if m]
+    baselines = [] if args.baselines == "none" else [b for b in args.baselines.split(",") if b]
+    if not backends or any(b not in BACKENDS for b in backends):
+        return _fail(f"--backends {args.backends!r}: choose from {', '.join(BACKENDS)}")
+    if any(b not in BASELINES for b in baselines):
+        return _fail(f"--baselines {args.baselines!r}: choose from {', '.join(BASELINES)} or none")
+    if min(args.repeats, args.steps, args.batch_size) < 1 or args.steps < 2:
+        return _fail("--repeats and --batch-size must be >= 1 and --steps >= 2 (the first step is not timed)")
+    if len(args.sweep) > 1:
+        return _fail("one --sweep at a time (each value is measured against the same baseline)")
+    owned = ("--run-dir", "--model", "--dataset", "--image-size", "--batch-size", "--max-steps", "--epochs",
+             "--synthetic-samples")
+    clash = [a for a in extra if a.split("=")[0] in owned]
+    if clash:
+        return _fail(f"{', '.join(clash)} after -- is set by the benchmark; use its own options instead")
+
+    sizes = args.image_size
+    cases: List[Case] = []
+    for model in models:
+        size = sizes.get(model, sizes.get("*"))
+        if size is None:
+            return _fail(f"no --image-size for {model}; add {model}=N or give one size for all")
+        cases.append(Case(model, size))
+        for knob, values in args.sweep:
+            for value in values:
+                try:
+                    k_args, k_env = knob_args(knob, value)
+                except ValueError as exc:
+                    return _fail(str(exc))
+                cases.append(Case(model, size, knob, value, k_args, k_env))
+    # Check every training option once, here, with the training parser itself.
+    for case in cases:
+        training_parser("throughput", "").parse_args(base_args(case, args, 1, Path("x")) + case.train_args + extra)
+
+    load_before = load()
+    started = time.time()
+    bench = Bench(args, extra)
+    for case in cases:
+        bench.measure(case, backends, baselines if case.knob is None else [b for b in baselines if b != "bare"])
+    report = {"benchmark": "throughput", "started": started, "machine": machine(),
+              "command": "python -m benchmarks.throughput " + " ".join(raw),
+              "load_before": load_before, "load_after": load(), "under_load": under_load(load_before, cores()),
+              "settings": {"world_sizes": args.world_sizes, "backends": backends, "batch_size": args.batch_size,
+                           "steps": args.steps, "repeats": args.repeats, "extra_train_args": extra,
+                           "dataset": "synthetic"},
+              "definitions": DEFINITIONS, "cases": bench.cases, "failures": bench.failures}
+    report["plot"] = plot(report, args.out)
+    write_json(args.out / "throughput.json", report)
+    print_summary(report)
+    print(f"throughput: wrote {(args.out / 'throughput.json').resolve()} and {(args.out / report['plot']).resolve()}")
+    return 1 if bench.failures else 0
+
+
+DEFINITIONS = {
+    "samples_per_s": "summary.json samples_per_s over all ranks, first step excluded; median over repeats",
+    "scaling_efficiency": "throughput(N) / (N x throughput(1)) of the same backend",
+    "exchange_overhead": "1 - throughput(N) / sum of samples/s of N independent world-size-1 ddp_train "
+                         "processes started together with the threads of one rank each",
+    "loop_ratio": "our DDP loop's step time / bare DDP loop's step time at the same world size "
+                  "(= bare samples/s / ddp samples/s)",
+}
+
+
+def base_args(case: Case, args, world_size: int, run_dir: Path) -> List[str]:
+    """Training options of one run: synthetic data large enough that every rank, at the largest
+    world size, takes all its steps within one epoch (no epoch boundary inside the timing)."""
+    per_rank = (args.steps + 1) * args.batch_size
+    samples = math.ceil(per_rank * max(args.world_sizes) / (1 - VAL_FRACTION)) + 1
+    return ["--model", case.model, "--dataset", "synthetic", "--image-size", str(case.image_size),
+            "--synthetic-samples", str(samples), "--batch-size", str(args.batch_size), "--epochs", "1",
+            "--max-steps", str(args.steps), "--run-dir", str(run_dir)]
+
+
+class Bench:
+    """Runs the cells of each case, repeats interleaved, and keeps the numbers."""
+
+    def __init__(self, args, extra: List[str]) -> None:
+        self.args, self.extra = args, extra
+        self.cases: List[Dict] = []
+        self.failures: List[Dict] = []
+
+    def _train_args(self, case: Case, np: int, run_dir: Path) -> List[str]:
+        return base_args(case, self.args, np, run_dir) + case.train_args + self.extra
+
+    def measure(self, case: Case, backends: List[str], baselines: List[str]) -> None:
+        args = self.args
+        work = args.work / case.slug
+        runs: List[Dict] = []
+        for repeat in range(args.repeats):
+            for np in args.world_sizes:
+                for label in backends:
+                    run_dir = work / f"{label}-{np}-r{repeat + 1}"
+                    backend, controller = BACKENDS[label]
+                    cmd = LaunchSpec(backend, np, controller).command(self._train_args(case, np, run_dir))
+                    runs.append(self._one(case, label, np, repeat, [cmd], [run_dir]))
+                if "bare" in baselines:
+                    run_dir = work / f"bare-{np}-r{repeat + 1}"
+                    # The bare loop gets the base settings only: it has none of the tuning knobs.
+                    cmd = worker_command("torchrun", np, "benchmarks.bare_ddp", base_args(case, args, np, run_dir))
+                    runs.append(self._one(case, "bare-ddp", np, repeat, [cmd], [run_dir]))
+                if "independent" in baselines and np > 1:
+                    threads = max(1, cores() // np)
+                    dirs = [work / f"independent-{np}-r{repeat + 1}" / f"p{i}" for i in range(np)]
+                    cmds = [[sys.executable, "-m", "ddp_train", *self._train_args(case, np, d),
+                             "--threads", str(threads)] for d in dirs]
+                    runs.append(self._one(case, "independent", np, repeat, cmds, dirs))
+        runs = [r for r in runs if r is not None]
+        self.cases.append(summarise(case, runs, backends))
+
+    def _one(self, case: Case, label: str, np: int, repeat: int, cmds: List[List[str]],
+             dirs: List[Path]) -> Optional[Dict]:
+        name = f"{case.name} {label} x{np} #{repeat + 1}"
+        print(f"throughput: {name} ...", end=" ", flush=True)
+        logs = [d / "launch.log" if len(dirs) == 1 else d.parent / f"{d.name}.log" for d in dirs]
+        started = time.monotonic()
+        try:
+            if len(cmds) == 1:
+                run_job(cmds[0], logs[0], self.args.timeout, env=case.env)
+            else:
+                run_jobs_together(cmds, logs, self.args.timeout, env=case.env)
+            summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+        except (JobFailed, OSError, ValueError) as exc:
+            print("FAILED", flush=True)
+            self.failures.append({"case": case.name, "label": label, "world_size": np, "repeat": repeat + 1,
+                                  "command": " ".join(map(str, cmds[0])), "error": str(exc)[-2000:]})
+            return None
+        sps = sum(s["samples_per_s"] or 0.0 for s in summaries)
+        print(f"{sps:.1f} samples/s ({time.monotonic() - started:.0f} s)", flush=True)
+        first = summaries[0]
+        return {"label": label, "world_size": np, "repeat": repeat + 1, "samples_per_s": sps,
+                "time_split": first.get("time_split"), "steps": first.get("steps"),
+                "run_dirs": [str(d) for d in dirs], "command": " ".join(map(str, cmds[0])),
+                "backend_options": first.get("backend_options")}
+
+
+def _stats(values: List[float]) -> Dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
+            "values": values}
+
+
+def summarise(case: Case, runs: List[Dict], backends: List[str]) -> Dict:
+    """Median/min/max per label and world size, then scaling, exchange overhead and loop ratio."""
+    throughput: Dict[str, Dict] = {}
+    for key in sorted({(r["label"], r["world_size"]) for r in runs}):
+        values = [r["samples_per_s"] for r in runs if (r["label"], r["world_size"]) == key]
+        throughput[f"{key[0]}@{key[1]}"] = _stats(values)
+
+    def med(label: str, np: int) -> Optional[float]:
+        cell = throughput.get(f"{label}@{np}")
+        return cell["median"] if cell else None
+
+    sizes = sorted({r["world_size"] for r in runs})
+    scaling, overhead, ratio = {}, {}, {}
+    for label in backends + ["bare-ddp"]:
+        one = med(label, 1)
+        if one:
+            scaling[label] = {str(n): med(label, n) / (n * one) for n in sizes if med(label, n)}
+        indep = {n: med("independent", n) for n in sizes if n > 1 and med("independent", n)}
+        overhead[label] = {str(n): 1 - med(label, n) / v for n, v in indep.items() if med(label, n)}
+    for n in sizes:
+        if med("ddp", n) and med("bare-ddp", n):
+            ratio[str(n)] = med("bare-ddp", n) / med("ddp", n)
+    splits = {}
+    for r in runs:
+        if r["repeat"] == 1 and r["time_split"]:
+            splits[f"{r['label']}@{r['world_size']}"] = r["time_split"]
+    return {"name": case.name, "model": case.model, "image_size": case.image_size, "knob": case.knob,
+            "value": case.value, "train_args": case.train_args, "env": case.env, "runs": runs,
+            "throughput": throughput, "scaling_efficiency": scaling,
+            "exchange_overhead": {k: v for k, v in overhead.items() if v}, "loop_ratio": ratio,
+            "time_split": splits}
+
+
+def print_summary(report: Dict) -> None:
+    """Per case: samples/s, scaling efficiency, exchange overhead and the loop ratio per cell."""
+    for case in report["cases"]:
+        print(f"\n{case['name']} (image {case['image_size']}, per-rank batch {report['settings']['batch_size']})")
+        rows = []
+        for key, cell in case["throughput"].items():
+            label, np = key.split("@")
+            split = case["time_split"].get(key) or {}
+            rows.append([label, np, f"{cell['median']:.1f}", f"{cell['min']:.1f}-{cell['max']:.1f}",
+                         _pct(case["scaling_efficiency"].get(label, {}).get(np), ratio=True),
+                         _pct(case["exchange_overhead"].get(label, {}).get(np)),
+                         f"{case['loop_ratio'][np]:.3f}" if label == "ddp" and np in case["loop_ratio"] else "",
+                         _ms(split.get("comm_ms")), _ms(split.get("step_ms"))])
+        print_table(["run", "np", "samples/s", "min-max", "scaling", "exch.ovh", "loop/bare", "comm ms",
+                     "step ms"], rows)
+    for f in report["failures"]:
+        print(f"FAILED {f['case']} {f['label']} x{f['world_size']} #{f['repeat']}: {f['error'].splitlines()[0]}")
+    if report["under_load"]:
+        print(f"note: measured under load (1-minute load {report['load_before']['1m']} on "
+              f"{report['machine']['cores']} cores before starting)")
+
+
+def _pct(value: Optional[float], ratio: bool = False) -> str:
+    if value is None:
+        return ""
+    return f"{value:.2f}" if ratio else f"{100 * value:.1f}%"
+
+
+def _ms(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+def plot(report: Dict, out: Path) -> str:
+    """throughput.png: per case, samples/s against world size (with the references) and scaling efficiency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = report["cases"] or [{"name": "nothing measured", "throughput": {}, "scaling_efficiency": {}}]
+    fig, axes = plt.subplots(len(cases), 2, figsize=(11, 3.8 * len(cases)), squeeze=False)
+    for (ax_t, ax_s), case in zip(axes, cases):
+        labels = sorted({k.split("@")[0] for k in case["throughput"]})
+        for label in labels:
+            pts = sorted((int(k.split("@")[1]), v) for k, v in case["throughput"].items() if k.startswith(label + "@"))
+            xs = [n for n, _ in pts]
+            ys = [v["median"] for _, v in pts]
+            err = [[v["median"] - v["min"] for _, v in pts], [v["max"] - v["median"] for _, v in pts]]
+            ax_t.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label,
+                          ls="--" if label in ("bare-ddp", "independent") else "-")
+        for label, points in sorted(case["scaling_efficiency"].items()):
+            xs = sorted(int(n) for n in points)
+            ax_s.plot(xs, [points[str(n)] for n in xs], marker="o", label=label)
+        ax_s.axhline(1.0, color="gray", ls=":", label="ideal")
+        ax_t.set(xlabel="world size", ylabel="samples/s", title=f"{case['name']}: throughput")
+        ax_s.set(xlabel="world size", ylabel="throughput(N) / (N x throughput(1))",
+                 title=f"{case['name']}: scaling efficiency", ylim=(0, 1.2))
+        for ax in (ax_t, ax_s):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    loaded = " (under load)" if report["under_load"] else ""
+    fig.suptitle(f"{report['machine']['cpu_model']}, {report['machine']['cores']} cores{loaded}", fontsize=9)
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "throughput.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path.name
+
+
+if __name__ == "__main__":
+    sys.exit(main())
