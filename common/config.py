@@ -51,6 +51,8 @@ class Config:
     keep_checkpoints: int = 3
     resume: Optional[str] = None
     device: str = "auto"
+    tensorboard: bool = False
+    progress: str = "auto"
 
     def to_dict(self) -> dict:
         """The settings as a JSON-ready dict."""
@@ -184,6 +186,10 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
                           "PATH: from that checkpoint file")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
                      help="auto: one CUDA device per local rank when available, else CPU")
+    run.add_argument("--tensorboard", action="store_true",
+                     help="also write TensorBoard event files to RUN_DIR/tensorboard (rank 0)")
+    run.add_argument("--progress", choices=("auto", "on", "off"), default=d.progress,
+                     help="tqdm progress bar on rank 0; auto: only when stderr is a terminal")
     return p
 
 

@@ -99,10 +99,12 @@ def json_safe(value: Any) -> Any:
 class RunDir:
     """Writers for one run directory. On ranks other than 0 every method does nothing."""
 
-    def __init__(self, path: str, is_main: bool) -> None:
+    def __init__(self, path: str, is_main: bool, tensorboard: bool = False) -> None:
         self.path = path
         self.is_main = is_main
+        self.tensorboard = tensorboard
         self._metrics = None
+        self._sink = None
 
     @staticmethod
     def check_writable(path: str) -> Optional[str]:
@@ -138,6 +140,11 @@ class RunDir:
                         kept.append(line if line.endswith("\n") else line + "\n")
         self._metrics = open(path, "w", buffering=1)
         self._metrics.writelines(kept)
+        if self.tensorboard:
+            from .tensorboard_log import TensorBoardSink
+
+            self._sink = TensorBoardSink(self.path, purge_step=None if keep_until_step is None
+                                         else keep_until_step + 1)
 
     def write_json(self, name: str, data: Dict[str, Any]) -> None:
         """Write one JSON file atomically."""
@@ -158,6 +165,8 @@ class RunDir:
             return
         record = {"event": event, "time": time.time(), **fields}
         self._metrics.write(json.dumps(json_safe(record), sort_keys=True) + "\n")
+        if self._sink is not None:
+            self._sink.event(event, fields)
 
     def save_model(self, state_dict: Dict[str, torch.Tensor]) -> None:
         """Write model.pt (plain state_dict, loadable with weights_only=True) atomically."""
@@ -166,10 +175,13 @@ class RunDir:
         atomic_save({k: v.detach().cpu() for k, v in state_dict.items()}, os.path.join(self.path, MODEL_FILE))
 
     def close(self) -> None:
-        """Flush and close metrics.jsonl."""
+        """Flush and close metrics.jsonl (and the TensorBoard event file)."""
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
 
 
 def command_line() -> str:

@@ -22,6 +22,7 @@ from .data import make_loaders, open_datasets
 from .metrics import Clock, SumMeter, TimeSplit, topk_correct
 from .models import build_model, check_model_fits
 from .optim import lr_at, make_optimizer, set_lr
+from .progress import epoch_bar
 from .watchdog import ProgressWatchdog
 from .rundir import RunDir, command_line, detect_launcher, versions, weights_sha256
 
@@ -199,7 +200,7 @@ class Trainer:
         self.position = self._resume_position(loaded)
 
         hosts = backend.all_gather_object(backend.host())
-        self.run_dir = RunDir(config.run_dir, backend.is_main)
+        self.run_dir = RunDir(config.run_dir, backend.is_main, tensorboard=config.tensorboard)
         self.run_dir.open(keep_until_step=self.position.step if loaded is not None else None)
         self.run_dir.write_json("config.json", {
             "config": config.to_dict(),
@@ -322,6 +323,7 @@ class Trainer:
             epoch_start = t_prev = clock.now()
             batch = skip
             first_step_s = checkpoint_s = 0.0
+            bar = epoch_bar(config.progress, backend.is_main, epoch, self.steps_per_epoch, skip)
             for images, labels in self.train_loader:
                 images = images.to(self.device, non_blocking=True)
                 labels = labels.to(self.device, non_blocking=True)
@@ -346,6 +348,7 @@ class Trainer:
                 steps_this_run += 1
                 backend.note_step(step)
                 self.watchdog.beat()
+                bar.update(1)
                 if steps_this_run == 1:
                     first_step_s = t_end - epoch_start
                 checkpoint_due = (config.checkpoint_every and step % config.checkpoint_every == 0
@@ -356,6 +359,7 @@ class Trainer:
                         raise TrainingStopped(
                             f"loss is {loss_value} at step {step}; stopping without writing a checkpoint "
                             "(the last good one is kept); lower --lr or check the data")
+                    bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
                     self.run_dir.log("step", epoch=epoch, step=step, loss=loss_value, lr=lr, batch=n,
                                      data_s=t_data - t_prev, step_s=t_end - t_prev, comm_s=comm)
                 if checkpoint_due:
@@ -373,6 +377,7 @@ class Trainer:
                         raise Interrupted(signum, step)
                 if step >= self.total_steps:
                     break
+            bar.close()
             epoch_seconds = clock.now() - epoch_start
             epochs_done = epoch + 1
 
