@@ -373,10 +373,13 @@ def plot(report: Dict, out: Path) -> str:
             xs = sorted(int(n) for n in points)
             ax_s.plot(xs, [points[str(n)] for n in xs], marker="o", label=label)
         ax_s.axhline(1.0, color="gray", ls=":", label="ideal")
+        top = max([v for points in case["scaling_efficiency"].values() for v in points.values()], default=1.0)
         ax_t.set(xlabel="world size", ylabel="samples/s", title=f"{case['name']}: throughput")
         ax_s.set(xlabel="world size", ylabel="throughput(N) / (N x throughput(1))",
-                 title=f"{case['name']}: scaling efficiency", ylim=(0, 1.2))
+                 title=f"{case['name']}: scaling efficiency", ylim=(0, max(1.2, 1.1 * top)))
+        sizes = sorted({int(k.split("@")[1]) for k in case["throughput"]}) or [1]
         for ax in (ax_t, ax_s):
+            ax.set_xticks(sizes)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     loaded = " (under load)" if report["under_load"] else ""

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..config import OneLineParser, build_parser
-from . import report
+from . import benchmarks, report
 from .analysis import DEFAULT_TOLERANCE
 from .matrix import MatrixRunner, failure_record, plan
 from .rundirs import check_comparable, number_repeats, read_run
@@ -51,6 +51,9 @@ def build_compare_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help="max |Δw| under which non-identical weights are called equal")
     p.add_argument("--run-timeout", type=float, default=1800, help="seconds before a run is stopped")
+    p.add_argument("--bench", type=Path, metavar="DIR",
+                   help="add the benchmark section from DIR/allreduce.json and DIR/throughput.json (made by "
+                        "benchmarks/run_all.sh); without it, such files already in --out are used")
     return p
 
 
@@ -68,6 +71,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return fail("--run-dir is set per run by the comparison; use --out for the output folder")
     # Check the training options once, here, with the training parser itself.
     build_parser(PROG, "training options").parse_args(train_args)
+
+    try:
+        bench = benchmarks.load(args.bench or args.out, args.out)
+    except ValueError as exc:
+        return fail(str(exc))
+    if args.bench and bench is None:
+        return fail(f"--bench {args.bench}: no allreduce.json or throughput.json there; run benchmarks/run_all.sh")
 
     notes: List[str] = []
     failures = []
@@ -108,7 +118,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not args.force:
             return fail("runs are not comparable: " + "; ".join(reasons) + " (use --force to compare anyway)")
         notes.append("Compared with --force although: " + "; ".join(reasons) + ".")
-    summary = report.build(runs, failures, args.out, args.tolerance, notes)
+    summary = report.build(runs, failures, args.out, args.tolerance, notes, bench)
     print(f"{PROG}: report {(args.out / 'report.md').resolve()}")
     for p in summary["parity"]:
         if p["kind"] == "backends":

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ..rundir import json_safe
-from . import analysis, plots
+from . import analysis, benchmarks, plots
 from .rundirs import Run, setting_differences
 
 
@@ -24,8 +24,10 @@ def _table(headers: List[str], rows: List[List[str]]) -> str:
     return "\n".join(lines)
 
 
-def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, notes: List[str]) -> Dict:
-    """Analyse `runs`, draw the plots into `out`, write report.md and summary.json; return the summary."""
+def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, notes: List[str],
+          bench: Optional[Dict] = None) -> Dict:
+    """Analyse `runs`, draw the plots into `out`, write report.md and summary.json; return the summary.
+    `bench` (from benchmarks.load) adds the allreduce and throughput benchmark section."""
     out.mkdir(parents=True, exist_ok=True)
     pairs = analysis.parity_table(runs, tolerance)
     throughput = analysis.throughput_table(runs)
@@ -57,13 +59,14 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
         "tolerance": tolerance,
         "notes": notes,
         "plots": figures,
+        "benchmarks": benchmarks.summary(bench),
     }
     (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, sort_keys=True) + "\n")
-    (out / "report.md").write_text(_markdown(summary, runs))
+    (out / "report.md").write_text(_markdown(summary, runs, benchmarks.markdown(bench)))
     return summary
 
 
-def _markdown(s: Dict, runs: List[Run]) -> str:
+def _markdown(s: Dict, runs: List[Run], bench_section: List[str]) -> str:
     md = ["# Horovod vs DDP: comparison report", ""]
     first = runs[0].settings if runs else {}
     if first:
@@ -136,6 +139,8 @@ def _markdown(s: Dict, runs: List[Run]) -> str:
                  _fmt(r["step_ms"], ".2f"), _fmt(100 * (r["comm_frac"] or 0), ".1f") + "%"]
                 for r in s["time_split"]]),
            "", f"![time split]({s['plots']['time_split']})", ""]
+
+    md += bench_section
 
     if s["failures"]:
         md += ["## Failed runs", ""]

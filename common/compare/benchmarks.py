@@ -1,0 +1,135 @@
+"""The report's benchmark section: allreduce bus bandwidth and training throughput measured by the
+scripts under benchmarks/ (DIR/allreduce.json, DIR/throughput.json), when they were measured."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Dict, List, Optional
+
+FILES = {"allreduce": "allreduce.json", "throughput": "throughput.json"}
+
+
+def load(directory: Path, out: Path) -> Optional[Dict]:
+    """The benchmark results found in `directory` (None when there are none), with their figures
+    copied into `out` so that report.md can show them. A file that is not a benchmark result
+    raises ValueError naming it."""
+    found: Dict = {}
+    for kind, name in FILES.items():
+        path = Path(directory) / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path} is not readable JSON ({exc}); re-run python -m benchmarks.{kind}") from None
+        if data.get("benchmark") != kind:
+            raise ValueError(f"{path} is not a {kind} benchmark result; re-run python -m benchmarks.{kind}")
+        figure = data.get("plot")
+        if figure and (path.parent / figure).is_file():
+            out.mkdir(parents=True, exist_ok=True)
+            if (path.parent / figure).resolve() != (out / figure).resolve():
+                shutil.copyfile(path.parent / figure, out / figure)
+        else:
+            data["plot"] = None
+        data["source"] = str(path)
+        found[kind] = data
+    return found or None
+
+
+def _human(nbytes: int) -> str:
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}B"
+    return f"{nbytes} B"
+
+
+def _table(headers: List[str], rows: List[List[str]]) -> List[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def _where(data: Dict) -> str:
+    m = data.get("machine") or {}
+    gpus = ", ".join(m.get("gpus") or []) or "no GPU"
+    text = (f"Measured on {m.get('cpu_model')}, {m.get('cores')} cores, {gpus}, torch "
+            f"{(m.get('versions') or {}).get('torch')}, horovod {(m.get('versions') or {}).get('horovod')}; "
+            f"1-minute load {data['load_before']['1m']} before starting")
+    if data.get("under_load"):
+        text += " (**under load**: other work shared the cores, numbers are disturbed)"
+    return text + f". Command: `{data.get('command')}`."
+
+
+def markdown(bench: Optional[Dict]) -> List[str]:
+    """Lines of the report's "Benchmarks" section (empty when nothing was measured)."""
+    if not bench:
+        return []
+    md = ["## Benchmarks", ""]
+    ar = bench.get("allreduce")
+    if ar:
+        limit = ar["memcpy"]["limit_GBps"]
+        md += ["### Allreduce bandwidth", "", _where(ar), "",
+               f"Bus bandwidth busbw = algbw x 2(n-1)/n, algbw = bytes / time per allreduce (slowest rank), "
+               f"as nccl-tests define them; the limit is the memory-copy bandwidth, {limit:.1f} GB/s "
+               f"({ar['memcpy']['limit']}). Each cell: time per allreduce, busbw and busbw / limit.", ""]
+        series = ar["series"]
+        sizes = sorted({r["bytes"] for s in series for r in s["results"]})
+        rows = []
+        for size in sizes:
+            row = [_human(size)]
+            for s in series:
+                r = next((r for r in s["results"] if r["bytes"] == size), None)
+                row.append("–" if r is None else
+                           f"{r['time_s'] * 1e6:.0f} µs, {r['busbw_GBps']:.2f} GB/s ({100 * r['busbw_of_limit']:.0f}%)")
+            rows.append(row)
+        md += _table(["size"] + [f"{s['name']} x{s['world_size']}" for s in series], rows) + [""]
+        for f in ar.get("failures", []):
+            md.append(f"- **FAILED** {f['backend']} x{f['world_size']}: {f['error'].splitlines()[0]}")
+        if ar.get("plot"):
+            md += [f"![allreduce latency and bus bandwidth]({ar['plot']})", ""]
+    tp = bench.get("throughput")
+    if tp:
+        st = tp["settings"]
+        md += ["### Training throughput", "", _where(tp), "",
+               f"Synthetic data, per-rank batch {st['batch_size']}, {st['steps']} steps per run (first not "
+               f"timed), median (min–max) of {st['repeats']} repeat(s). Scaling efficiency = throughput(N) / "
+               f"(N x throughput(1)); exchange overhead = 1 − throughput(N) / N independent world-size-1 "
+               f"processes run together (same per-rank work, no gradient exchange); loop / bare = our DDP "
+               f"loop's step time / the bare DDP loop's (target ≤ 1.02).", ""]
+        for case in tp["cases"]:
+            rows = []
+            for key, cell in case["throughput"].items():
+                label, np = key.split("@")
+                scaling = case["scaling_efficiency"].get(label, {}).get(np)
+                overhead = case["exchange_overhead"].get(label, {}).get(np)
+                ratio = case["loop_ratio"].get(np) if label == "ddp" else None
+                rows.append([label, np, f"{cell['median']:.1f} ({cell['min']:.1f}–{cell['max']:.1f})",
+                             "–" if scaling is None else f"{scaling:.2f}",
+                             "–" if overhead is None else f"{100 * overhead:.1f}%",
+                             "–" if ratio is None else f"{ratio:.3f}"])
+            md += [f"**{case['name']}** (image {case['image_size']})", ""]
+            md += _table(["run", "world size", "samples/s", "scaling efficiency", "exchange overhead",
+                          "loop / bare"], rows) + [""]
+        for f in tp.get("failures", []):
+            md.append(f"- **FAILED** {f['case']} {f['label']} x{f['world_size']}: {f['error'].splitlines()[0]}")
+        if tp.get("plot"):
+            md += [f"![training throughput and scaling]({tp['plot']})", ""]
+    return md
+
+
+def summary(bench: Optional[Dict]) -> Optional[Dict]:
+    """What the report's summary.json keeps of the benchmarks: the tables, not every run."""
+    if not bench:
+        return None
+    out: Dict = {}
+    if "allreduce" in bench:
+        ar = bench["allreduce"]
+        out["allreduce"] = {"source": ar["source"], "under_load": ar.get("under_load"), "memcpy": ar["memcpy"],
+                            "series": [{k: s[k] for k in ("name", "world_size", "results")} for s in ar["series"]]}
+    if "throughput" in bench:
+        tp = bench["throughput"]
+        out["throughput"] = {"source": tp["source"], "under_load": tp.get("under_load"), "cases": [
+            {k: c[k] for k in ("name", "throughput", "scaling_efficiency", "exchange_overhead", "loop_ratio")}
+            for c in tp["cases"]]}
+    return out

@@ -1,0 +1,185 @@
+"""Smoke runs of the benchmark scripts at their tiniest sizes, through the real launchers.
+
+They assert on the structure of the JSON the scripts wrote and that every number is a positive
+measurement, never on speed (speed is what the scripts report, on a quiet machine)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from launch import PY, run_cmd
+
+AR_SIZES = [4, 16, 64, 256, 1024, 4096]
+TINY_TRAIN = ["--models", "convnet", "--image-size", "8", "--batch-size", "4", "--steps", "3", "--repeats", "1"]
+
+
+def bench(script, *args, timeout=600):
+    return run_cmd([PY, "-m", f"benchmarks.{script}", *map(str, args)], timeout=timeout)
+
+
+def positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def assert_real_image(path):
+    with Image.open(path) as img:
+        assert img.width > 300 and img.height > 200, path
+        lo, hi = img.convert("L").getextrema()
+        assert lo < hi, f"{path} is one flat colour"
+
+
+def assert_machine(data):
+    m = data["machine"]
+    assert m["cpu_model"] and m["cores"] >= 1 and m["versions"]["torch"] and m["versions"]["horovod"]
+    assert set(data["load_before"]) == {"1m", "5m", "15m"} and isinstance(data["under_load"], bool)
+    assert data["command"].startswith("python -m benchmarks.")
+
+
+@pytest.fixture(scope="module")
+def allreduce_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("allreduce")
+    result = bench("allreduce", "--np", "2", "--min-bytes", "4", "--max-bytes", "4K", "--iters", "2",
+                   "--warmup", "1", "--copy-bytes", "1M", "--out", out)
+    assert result.returncode == 0, result.output[-4000:]
+    return out, result.output
+
+
+@pytest.fixture(scope="module")
+def throughput_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("throughput")
+    result = bench("throughput", "--np", "1,2", "--backends", "ddp,horovod-gloo", *TINY_TRAIN,
+                   "--out", out, "--work", out / "runs")
+    assert result.returncode == 0, result.output[-4000:]
+    return out, result.output
+
+
+def test_allreduce_measures_every_backend_at_every_size(allreduce_out):
+    out, output = allreduce_out
+    data = json.loads((out / "allreduce.json").read_text())
+    assert data["benchmark"] == "allreduce" and data["failures"] == []
+    assert_machine(data)
+    assert positive(data["memcpy"]["cpu_1thread_GBps"]) and positive(data["memcpy"]["limit_GBps"])
+    # One series per backend, each launched through its real launcher.
+    assert sorted((s["name"], s["launcher"], s["world_size"]) for s in data["series"]) == [
+        ("horovod-gloo", "horovodrun-gloo", 2), ("horovod-mpi", "horovodrun-mpi", 2), ("torch-gloo", "torchrun", 2)]
+    for s in data["series"]:
+        assert [r["bytes"] for r in s["results"]] == AR_SIZES
+        for r in s["results"]:
+            assert r["iterations"] == 2
+            assert all(positive(r[k]) for k in ("time_s", "algbw_GBps", "busbw_GBps", "busbw_of_limit"))
+            # nccl-tests' definitions, at world size 2: busbw = algbw x 2(n-1)/n = algbw.
+            assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9)
+            assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])
+            assert r["busbw_of_limit"] == pytest.approx(r["busbw_GBps"] / data["memcpy"]["limit_GBps"])
+    assert_real_image(out / data["plot"])
+    # The printed table has one row per size.
+    assert "torch-gloox2 busbw" in output and output.count("\n4K ") + output.count(" 4K ") >= 1
+
+
+def test_throughput_reports_scaling_overhead_and_loop_ratio(throughput_out):
+    out, output = throughput_out
+    data = json.loads((out / "throughput.json").read_text())
+    assert data["benchmark"] == "throughput" and data["failures"] == []
+    assert_machine(data)
+    (case,) = data["cases"]
+    assert case["model"] == "convnet" and case["image_size"] == 8
+    expected = {"ddp@1", "ddp@2", "horovod-gloo@1", "horovod-gloo@2", "bare-ddp@1", "bare-ddp@2", "independent@2"}
+    assert set(case["throughput"]) == expected
+    for cell in case["throughput"].values():
+        assert cell["n"] == 1 and all(positive(cell[k]) for k in ("median", "min", "max"))
+    for label in ("ddp", "horovod-gloo", "bare-ddp"):
+        assert case["scaling_efficiency"][label]["1"] == pytest.approx(1.0)
+        assert positive(case["scaling_efficiency"][label]["2"])
+        assert case["exchange_overhead"][label]["2"] < 1
+    assert positive(case["loop_ratio"]["1"]) and positive(case["loop_ratio"]["2"])
+    for run in case["runs"]:
+        assert positive(run["samples_per_s"]) and run["command"]
+        if run["label"] in ("ddp", "horovod-gloo"):
+            assert run["steps"] == 3 and run["time_split"]["step_ms"] > 0
+    # Each cell went through its real launcher; the independent runs are N plain processes.
+    commands = {(r["label"], r["world_size"]): r["command"] for r in case["runs"]}
+    assert "torchrun" in commands[("ddp", 2)] and "-m ddp_train" in commands[("ddp", 2)]
+    assert "horovodrun" in commands[("horovod-gloo", 2)] and "--gloo" in commands[("horovod-gloo", 2)]
+    assert "torchrun" in commands[("bare-ddp", 2)] and "benchmarks.bare_ddp" in commands[("bare-ddp", 2)]
+    indep = next(r for r in case["runs"] if r["label"] == "independent")
+    assert len(indep["run_dirs"]) == 2
+    for run_dir in indep["run_dirs"]:
+        assert json.loads((Path(run_dir) / "summary.json").read_text())["world_size"] == 1
+    assert_real_image(out / data["plot"])
+    assert "loop/bare" in output and "samples/s" in output
+
+
+def test_throughput_sweep_sets_the_knob_in_every_run(tmp_path):
+    # An environment knob (Horovod's cycle time) and a training option passed after --.
+    result = bench("throughput", "--np", "2", "--backends", "horovod-gloo", "--baselines", "none", *TINY_TRAIN,
+                   "--sweep", "HOROVOD_CYCLE_TIME=2,7", "--out", tmp_path, "--work", tmp_path / "runs",
+                   "--", "--log-every", "2")
+    assert result.returncode == 0, result.output[-4000:]
+    data = json.loads((tmp_path / "throughput.json").read_text())
+    assert [(c["knob"], c["value"]) for c in data["cases"]] == [(None, None), ("HOROVOD_CYCLE_TIME", "2"),
+                                                                 ("HOROVOD_CYCLE_TIME", "7")]
+    assert data["settings"]["extra_train_args"] == ["--log-every", "2"]
+    for case in data["cases"]:
+        (run,) = case["runs"]
+        config = json.loads((Path(run["run_dirs"][0]) / "config.json").read_text())
+        assert config["config"]["log_every"] == 2
+    cycle = [c["runs"][0]["backend_options"]["cycle_time_ms"] for c in data["cases"][1:]]
+    assert cycle == [2.0, 7.0]
+
+
+def test_throughput_refuses_an_unknown_knob_at_once(tmp_path):
+    result = bench("throughput", "--np", "2", "--sweep", "no-such-knob=1,2", "--out", tmp_path, timeout=60)
+    assert result.returncode == 2
+    assert "the training options have no --no-such-knob" in result.output
+    assert not (tmp_path / "throughput.json").exists()
+
+
+def test_report_shows_the_benchmarks(allreduce_out, throughput_out, tmp_path):
+    ar_dir, _ = allreduce_out
+    tp_dir, _ = throughput_out
+    bench_dir = tmp_path / "bench"
+    bench_dir.mkdir()
+    for name in ("allreduce.json", "allreduce.png", "throughput.json", "throughput.png"):
+        shutil.copy((ar_dir if name.startswith("allreduce") else tp_dir) / name, bench_dir / name)
+    runs = tp_dir / "runs" / "convnet"
+    out = tmp_path / "report"
+    result = run_cmd([PY, "-m", "common.compare", "--runs", runs / "ddp-2-r1", runs / "horovod-gloo-2-r1",
+                      "--bench", bench_dir, "--out", out])
+    assert result.returncode == 0, result.output[-3000:]
+    report = (out / "report.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert "## Benchmarks" in report and "### Allreduce bandwidth" in report and "### Training throughput" in report
+    ar = json.loads((bench_dir / "allreduce.json").read_text())
+    for s in ar["series"]:
+        r = s["results"][-1]
+        assert f"{r['busbw_GBps']:.2f} GB/s" in report
+    tp = json.loads((bench_dir / "throughput.json").read_text())
+    case = tp["cases"][0]
+    assert f"| ddp | 2 | {case['throughput']['ddp@2']['median']:.1f}" in report
+    assert f"{case['loop_ratio']['2']:.3f}" in report
+    assert summary["benchmarks"]["throughput"]["cases"][0]["loop_ratio"] == case["loop_ratio"]
+    for name in ("allreduce.png", "throughput.png"):
+        assert f"]({name})" in report
+        assert_real_image(out / name)
+
+    # Without --bench, results already in the output folder are picked up.
+    again = tmp_path / "again"
+    again.mkdir()
+    shutil.copy(bench_dir / "throughput.json", again / "throughput.json")
+    shutil.copy(bench_dir / "throughput.png", again / "throughput.png")
+    result = run_cmd([PY, "-m", "common.compare", "--runs", runs / "ddp-2-r1", runs / "horovod-gloo-2-r1",
+                      "--out", again])
+    assert result.returncode == 0, result.output[-3000:]
+    text = (again / "report.md").read_text()
+    assert "### Training throughput" in text and "### Allreduce bandwidth" not in text
+
+    # A --bench folder with no results is a clear error.
+    empty = run_cmd([PY, "-m", "common.compare", "--runs", runs / "ddp-2-r1", "--bench", tmp_path / "report",
+                     "--out", tmp_path / "x"])
+    assert empty.returncode == 2 and "no allreduce.json or throughput.json" in empty.output
