@@ -344,7 +344,7 @@ def probe_command(hosts: List[Tuple[str, int]], ssh_port: Optional[int], identit
         horovodrun = shutil.which("horovodrun") or "horovodrun"
     np = sum(slots for _, slots in hosts)
     cmd = [horovodrun, "-np", str(np), "-H", ",".join(f"{h}:{s}" for h, s in hosts), "--gloo",
-           "--start-timeout", "30", "--disable-cache"]
+           "--start-timeout", "60", "--disable-cache"]
     if ssh_port:
         cmd += ["--ssh-port", str(ssh_port)]
     if identity:
@@ -360,7 +360,7 @@ def check_allreduce(hosts: List[Tuple[str, int]], ssh_port: Optional[int], ident
     hosts = probe_hosts(hosts)
     name = "allreduce"
     cmd = probe_command(hosts, ssh_port, identity, iface)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HOROVOD_GLOO_TIMEOUT_SECONDS="30")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     started = time.monotonic()
     code, out = _run(cmd, timeout=PROBE_TIMEOUT_S, env=env)
@@ -389,7 +389,7 @@ def allreduce_probe() -> int:
     torch.set_num_threads(1)
     backend = HorovodBackend()
     backend.check_environment()
-    backend.init(timeout_s=30)
+    backend.init(timeout_s=60)
     hvd = backend.hvd
     size = hvd.size()
     tensor = torch.ones(PROBE_MB * 1024 * 1024 // 4)

@@ -1,0 +1,99 @@
+"""Training across two hosts (the simulated cluster of tests/cluster.py): every launcher, from node0,
+with ranks on node0 and node1; the runs record both hosts, train like DDP within 1e-6 at world size 4,
+and the comparison layer accepts them."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+
+import pytest
+
+from common.compare.launchers import mpi_flags
+from launch import BIN, PY, REPO, max_abs_diff, read_run, step_losses
+
+pytestmark = pytest.mark.multinode
+
+ARGS = ["--model", "mlp", "--max-steps", "10", "--threads", "1", "--batch-size", "32"]
+HOSTS = "node0:2,node1:2"
+LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
+_ports = itertools.count(29510)
+
+
+def horovod_command(launcher: str, run_dir) -> list:
+    """What a user types on node0 to start 4 Horovod ranks, 2 on each host (ssh from the hosts'
+    ssh config: key, known host keys)."""
+    train = [PY, "-m", "hvd_train", *ARGS, "--run-dir", str(run_dir)]
+    if launcher == "horovodrun-gloo":
+        return [str(BIN / "horovodrun"), "-np", "4", "-H", HOSTS, "--gloo", *train]
+    if launcher == "horovodrun-mpi":
+        return [str(BIN / "horovodrun"), "-np", "4", "-H", HOSTS, "--mpi", "--mpi-args=" + " ".join(mpi_flags()),
+                *train]
+    # Plain mpirun: the remote ranks get PATH (the venv first) only when it is exported with -x.
+    return ["mpirun", *mpi_flags(), "--bind-to", "none", "-np", "4", "--host", HOSTS,
+            "-x", "PATH", "-x", "PYTHONUNBUFFERED", *train]
+
+
+def torchrun_command(run_dir, port: int) -> list:
+    """The command started on each host; node0 hosts the c10d rendezvous."""
+    return [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"node0:{port}", "--rdzv-id", f"multinode-{port}", "-m", "ddp_train", *ARGS,
+            "--run-dir", str(run_dir)]
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, tmp_path_factory):
+    """Lazily launched two-host runs, shared by the tests: runs(launcher) -> (run dir contents, output, dir)."""
+    cache = {}
+
+    def get(launcher: str):
+        if launcher not in cache:
+            run_dir = tmp_path_factory.mktemp(f"two-hosts-{launcher}")
+            if launcher == "torchrun":
+                cmd = torchrun_command(run_dir, next(_ports))
+                results = cluster.run_together({"node0": cmd, "node1": cmd}, timeout=240)
+                for result in results.values():
+                    result.check()
+                output = "\n".join(r.output for r in results.values())
+            else:
+                output = cluster.run("node0", horovod_command(launcher, run_dir), timeout=240).check().output
+            cache[launcher] = (read_run(run_dir), output, run_dir)
+        return cache[launcher]
+
+    return get
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_launcher_trains_across_two_hosts(runs, launcher):
+    run, output, _ = runs(launcher)
+    config, summary = run["config"], run["summary"]
+    assert config["world_size"] == summary["world_size"] == 4
+    assert config["hosts"] == ["node0", "node1"]
+    assert sorted(config["rank_hosts"]) == ["node0", "node0", "node1", "node1"]
+    assert config["launcher"] == {"horovodrun-gloo": "horovodrun", "horovodrun-mpi": "mpirun"}.get(launcher, launcher)
+    if launcher.startswith("horovodrun"):
+        assert config["backend"]["controller"] == launcher.split("-")[1]
+    assert summary["steps"] == 10 and len(step_losses(run)) == 10
+    # Every rank's banner names the host it ran on.
+    for host in ("node0", "node1"):
+        assert output.count(f"host {host} ") == 2, output[-3000:]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS[1:])
+def test_horovod_across_hosts_matches_ddp_within_1e_6(runs, launcher):
+    ddp, _, _ = runs("torchrun")
+    hvd, _, _ = runs(launcher)
+    assert max_abs_diff(ddp["model"], hvd["model"]) <= 1e-6
+    assert step_losses(hvd) == pytest.approx(step_losses(ddp), rel=1e-5)
+
+
+def test_compare_accepts_two_host_runs(runs, tmp_path):
+    _, _, ddp_dir = runs("torchrun")
+    _, _, hvd_dir = runs("horovodrun-gloo")
+    out = tmp_path / "report"
+    proc = subprocess.run([PY, "-m", "common.compare", "--runs", str(ddp_dir), str(hvd_dir), "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = (out / "report.md").read_text()
+    assert "node1" in report, "the report's reproduction section names the hosts"
+    assert (out / "summary.json").exists()
