@@ -227,5 +227,14 @@ def plot(report: Dict, out: Path) -> str:
     return path.name
 
 
+def cli() -> int:
+    """main() for the command line: Ctrl-C stops the running job (and its ranks) and exits 130."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print("allreduce: interrupted; the running job was stopped", file=sys.stderr)
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

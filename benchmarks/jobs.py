@@ -108,12 +108,35 @@ def run_jobs_together(cmds: List[Sequence[str]], logs: List[Path], timeout_s: fl
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
+    """Stop a launcher and every rank it started. SIGTERM first: torchrun and horovodrun start their
+    workers in sessions of their own (out of reach of a kill of the launcher's group) and stop them
+    when they get SIGTERM. Whatever is still alive after a grace period is killed."""
+    if proc.poll() is not None:
+        return
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pass
+    for child in family:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            child.kill()
+        except psutil.NoSuchProcess:
             pass
-        proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _tail(log: Path, chars: int = 3000) -> str:

@@ -164,9 +164,12 @@ def test_report_shows_the_benchmarks(allreduce_out, throughput_out, tmp_path):
     assert f"| ddp | 2 | {case['throughput']['ddp@2']['median']:.1f}" in report
     assert f"{case['loop_ratio']['2']:.3f}" in report
     assert summary["benchmarks"]["throughput"]["cases"][0]["loop_ratio"] == case["loop_ratio"]
-    for name in ("allreduce.png", "throughput.png"):
+    for name in ("bench_allreduce.png", "bench_throughput.png", "throughput.png"):
         assert f"]({name})" in report
         assert_real_image(out / name)
+    # The benchmark's figure did not replace the report's own throughput plot.
+    assert (out / "bench_throughput.png").read_bytes() == (bench_dir / "throughput.png").read_bytes()
+    assert (out / "throughput.png").read_bytes() != (bench_dir / "throughput.png").read_bytes()
 
     # Without --bench, results already in the output folder are picked up.
     again = tmp_path / "again"

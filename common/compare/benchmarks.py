@@ -13,7 +13,7 @@ FILES = {"allreduce": "allreduce.json", "throughput": "throughput.json"}
 
 def load(directory: Path, out: Path) -> Optional[Dict]:
     """The benchmark results found in `directory` (None when there are none), with their figures
-    copied into `out` so that report.md can show them. A file that is not a benchmark result
+    copied into `out` as bench_<name>.png so that report.md can show them. A file that is not a benchmark result
     raises ValueError naming it."""
     found: Dict = {}
     for kind, name in FILES.items():
@@ -27,12 +27,12 @@ def load(directory: Path, out: Path) -> Optional[Dict]:
         if data.get("benchmark") != kind:
             raise ValueError(f"{path} is not a {kind} benchmark result; re-run python -m benchmarks.{kind}")
         figure = data.get("plot")
+        data["plot"] = None
         if figure and (path.parent / figure).is_file():
+            # Prefixed: the report draws a throughput.png of its own into the same folder.
+            data["plot"] = f"bench_{figure}"
             out.mkdir(parents=True, exist_ok=True)
-            if (path.parent / figure).resolve() != (out / figure).resolve():
-                shutil.copyfile(path.parent / figure, out / figure)
-        else:
-            data["plot"] = None
+            shutil.copyfile(path.parent / figure, out / data["plot"])
         data["source"] = str(path)
         found[kind] = data
     return found or None
