@@ -83,7 +83,7 @@ def resolve(host: str) -> List[str]:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror:
         return []
-    addrs = [info[4][0] for info in infos]
+    addrs = [info[4][0].split("%")[0] for info in infos]  # no IPv6 scope suffix (fe80::1%eth0)
     return sorted(set(addrs), key=lambda a: (":" in a, addrs.index(a)))
 
 
@@ -375,6 +375,10 @@ def check_allreduce(hosts: List[Tuple[str, int]], ssh_port: Optional[int], ident
                                   f"{' | '.join(last) or 'no output'}",
                      "fix the failures above first; then run the probe command by hand to see its full output")
     where = ", ".join(h for h, _ in hosts)
+    if not result["correct"]:
+        return Check(name, False, f"allreduce over {where} returned a wrong sum",
+                     "a broken network path or mismatched Horovod builds on the hosts: reinstall with `make setup` "
+                     "on every host")
     return Check(name, True, f"{result['mb']:.0f} MB x {result['repeats']} over {result['size']} processes on {where}: "
                              f"{result['busbw_gbs']:.2f} GB/s bus bandwidth, {result['ms']:.1f} ms each "
                              f"(whole probe {seconds:.0f} s)")
@@ -414,9 +418,10 @@ def allreduce_probe() -> int:
 
 # --- the report ------------------------------------------------------------------------------
 def run_checks(hosts: List[Tuple[str, int]], port: int, ssh_port: Optional[int], identity: Optional[str],
-               probe: bool = True, out=sys.stdout) -> List[Check]:
-    """Run every check, print each line as it is known, return them all."""
+               probe: bool = True, out=None) -> List[Check]:
+    """Run every check, print each line (to `out`, default stdout) as it is known, return them all."""
     checks: List[Check] = []
+    out = out or sys.stdout
 
     def report(check: Check) -> None:
         checks.append(check)

@@ -173,7 +173,7 @@ class Cluster:
 
     def down(self) -> None:
         """Stop the sshds and everything else running on the hosts, remove namespaces and files."""
-        for host, proc in list(self.sshd.items()):
+        for host in list(self.sshd):
             self.stop_sshd(host)
         remove_leftovers()
         if self.folder is not None:

@@ -53,7 +53,7 @@ def test_port_in_use_fails_naming_the_holder_and_the_fix():
     fail = fails[0]
     assert f"port {port} on {socket.gethostname()}" in fail and "Address already in use" in fail
     assert re.search(r"held by pid \d+ \(python", fail), fail
-    assert re.search(rf"fix: .*--port N.*--rdzv-endpoint", result.output), result.output
+    assert re.search(r"fix: .*--port N.*--rdzv-endpoint", result.output), result.output
 
 
 def test_bad_host_list_is_one_line_exit_2():
