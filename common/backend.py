@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from typing import Any, Iterator, List, Sequence
+from typing import Any, ContextManager, Iterator, List, Sequence
 
 import torch
 
@@ -25,6 +25,10 @@ class Backend:
     def __init__(self) -> None:
         self._comm_seconds = 0.0
         self.current_step = 0
+        self.compression = "none"
+        self.bucket_mb = 25.0
+        self.accumulate = 1
+        self.profile = False
 
     # --- identity ------------------------------------------------------------------------
     @property
@@ -74,6 +78,17 @@ class Backend:
     def check_environment(self) -> None:
         """Raise common.config.UsageError when this backend cannot run here (before init)."""
 
+    def configure(self, *, compression: str = "none", bucket_mb: float = 25.0, accumulate: int = 1,
+                  profile: bool = False) -> None:
+        """Take the tuning options this backend applies itself; called before init() and wrap().
+
+        compression: "none" or "fp16" (gradients travel as float16); bucket_mb: megabytes
+        (2**20 bytes) of gradients reduced together; accumulate: backward passes per optimizer
+        step; profile: a trace() will be asked for (some backends must know before init).
+        """
+        self.compression, self.bucket_mb, self.accumulate, self.profile = (
+            compression, bucket_mb, accumulate, profile)
+
     def init(self, timeout_s: float) -> None:
         """Join the job (collective). Called once, after inputs were checked. A collective that
         waits longer than `timeout_s` for another rank fails instead of hanging."""
@@ -116,9 +131,27 @@ class Backend:
         """
         yield
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Apply the optimizer step after gradients_ready()."""
-        optimizer.step()
+    def accumulating(self, model: torch.nn.Module) -> ContextManager:
+        """Context for the backward passes of an optimizer step that are not its last: gradients
+        accumulate locally and are not exchanged (DDP's no_sync). The last backward pass runs
+        outside it and exchanges the accumulated sum."""
+        return contextlib.nullcontext()
+
+    def step(self, optimizer: torch.optim.Optimizer, scaler=None) -> None:
+        """Apply the optimizer step after gradients_ready(). With a torch.amp.GradScaler, the
+        scaler steps (skipping the step when gradients overflowed) and updates its scale."""
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+
+    def trace(self, folder: str):
+        """The profiler of this backend, writing into `folder` (a common.profiling.Trace; started
+        and stopped on every rank). Default: a torch.profiler chrome trace of rank 0."""
+        from .profiling import TorchTrace
+
+        return TorchTrace(os.path.join(folder, f"{self.name}-rank{self.rank}.pt.trace.json"), active=self.is_main)
 
     def take_comm_seconds(self) -> float:
         """Exposed gradient-communication time since the last call: the time a step waited

@@ -1,7 +1,9 @@
 """Atomic, verified checkpoints: save, keep the last K, find the newest valid one, resume.
 
 A checkpoint is a plain dict of tensors and numbers, loaded with torch.load(weights_only=True):
-a file that carries pickled code is refused and the code never runs.
+a file that carries pickled code is refused and the code never runs. Keys: model, optimizer,
+scaler (the GradScaler's state under --amp fp16, else None), epoch, batch (micro-batches of the
+epoch done), step (optimizer steps), world_size, backend, settings, rng and meter (per rank).
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ import torch
 FORMAT = 1
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
-#: settings a checkpoint must share with the run that resumes it
-MUST_MATCH = ("model", "dataset", "image_size", "batch_size")
+#: settings a checkpoint must share with the run that resumes it (accumulate: the epoch's position
+#: is counted in micro-batches, and a step's size must not change under the lr schedule)
+MUST_MATCH = ("model", "dataset", "image_size", "batch_size", "accumulate")
+#: the value of a setting in a checkpoint written before the setting existed
+SETTING_DEFAULTS = {"accumulate": 1}
 
 
 class CheckpointError(Exception):
@@ -140,7 +145,7 @@ def check_format(ckpt: Any, path: str) -> Dict:
 
 def check_matches(ckpt: Dict, settings: Dict, path: str) -> None:
     """CheckpointError naming every setting in MUST_MATCH that differs from the checkpoint's."""
-    saved = ckpt["settings"]
+    saved = {**SETTING_DEFAULTS, **ckpt["settings"]}
     diffs = [f"{key} {saved.get(key)!r} in the checkpoint, {settings.get(key)!r} now" for key in MUST_MATCH
              if saved.get(key) != settings.get(key)]
     if diffs:

@@ -14,6 +14,8 @@ MODELS = ("mlp", "convnet", "mnist_net", "resnet18", "resnet50")
 OPTIMIZERS = ("sgd", "adam", "adadelta")
 LR_SCHEDULES = ("constant", "step", "cosine")
 LR_SCALINGS = ("none", "linear")
+COMPRESSIONS = ("none", "fp16")
+AMP_MODES = ("off", "bf16", "fp16")
 
 
 class UsageError(Exception):
@@ -53,6 +55,13 @@ class Config:
     device: str = "auto"
     tensorboard: bool = False
     progress: str = "auto"
+    compression: str = "none"
+    bucket_mb: float = 25.0
+    accumulate: int = 1
+    amp: str = "off"
+    clip_grad_norm: Optional[float] = None
+    channels_last: bool = False
+    profile: int = 0
 
     def to_dict(self) -> dict:
         """The settings as a JSON-ready dict."""
@@ -190,6 +199,27 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
                      help="also write TensorBoard event files to RUN_DIR/tensorboard (rank 0)")
     run.add_argument("--progress", choices=("auto", "on", "off"), default=d.progress,
                      help="tqdm progress bar on rank 0; auto: only when stderr is a terminal")
+
+    tuning = p.add_argument_group("tuning (the same meaning on both backends)")
+    tuning.add_argument("--compression", choices=COMPRESSIONS, default=d.compression,
+                        help="gradients sent as float16: Horovod's Compression.fp16, DDP's fp16_compress_hook")
+    tuning.add_argument("--bucket-mb", type=_positive_float, default=d.bucket_mb, metavar="MB",
+                        help="MB of gradients reduced together: DDP's bucket_cap_mb (its default is 25); Horovod's "
+                             "fusion threshold HOROVOD_FUSION_THRESHOLD (its own default is 64 MB; this flag wins "
+                             "over the variable)")
+    tuning.add_argument("--accumulate", type=_positive_int, default=d.accumulate, metavar="K",
+                        help="micro-batches per optimizer step (gradient accumulation; each micro-batch's loss "
+                             "counts 1/K); a step is one optimizer step and an epoch's incomplete tail of "
+                             "micro-batches is dropped")
+    tuning.add_argument("--amp", choices=AMP_MODES, default=d.amp,
+                        help="autocast forward and loss: bf16 (CPU or CUDA), fp16 (CUDA only, with a GradScaler)")
+    tuning.add_argument("--clip-grad-norm", type=_positive_float, default=d.clip_grad_norm, metavar="X",
+                        help="clip the averaged gradients to total L2 norm X before each step (default: off)")
+    tuning.add_argument("--channels-last", action="store_true",
+                        help="model and 4-D inputs in torch.channels_last memory format")
+    tuning.add_argument("--profile", type=_non_negative_int, default=d.profile, metavar="STEPS",
+                        help="trace STEPS optimizer steps after 2 warm-up steps into RUN_DIR/profile/ (DDP: "
+                             "torch.profiler chrome trace of rank 0; Horovod: Horovod timeline); 0: off")
     return p
 
 
@@ -215,3 +245,10 @@ def check_config(config: Config) -> None:
                          "train from random init or load a checkpoint")
     if config.warmup_epochs > 0 and config.lr_scaling == "none":
         raise UsageError("--warmup-epochs ramps up to the scaled lr; use it with --lr-scaling linear")
+    if config.amp == "fp16" and config.device == "cpu":
+        raise UsageError(AMP_FP16_NEEDS_CUDA)
+
+
+#: one line, shared by the option check and the device check made after the device is chosen
+AMP_FP16_NEEDS_CUDA = ("--amp fp16 needs a CUDA device (float16 autocast with a GradScaler); on CPU use "
+                       "--amp bf16 or --amp off")

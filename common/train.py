@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import os
 import signal
@@ -17,11 +19,13 @@ import torch.nn.functional as F
 
 from . import checkpoint as ckpt_io
 from .backend import Backend
-from .config import Config, UsageError, fail_usage
+from .config import AMP_FP16_NEEDS_CUDA, Config, UsageError, fail_usage
 from .data import make_loaders, open_datasets
 from .metrics import Clock, SumMeter, TimeSplit, topk_correct
 from .models import build_model, check_model_fits
 from .optim import lr_at, make_optimizer, set_lr
+from .precision import Precision
+from .profiling import PROFILE_DIR, StepProfiler
 from .progress import epoch_bar
 from .watchdog import ProgressWatchdog
 from .rundir import RunDir, command_line, detect_launcher, versions, weights_sha256
@@ -105,6 +109,11 @@ class Trainer:
             self.backend.select_device(self.config.device)
         except RuntimeError as exc:
             fail_usage(self.prog, str(exc))
+        config = self.config
+        if config.amp == "fp16" and self.backend.device.type != "cuda":
+            fail_usage(self.prog, AMP_FP16_NEEDS_CUDA)
+        self.backend.configure(compression=config.compression, bucket_mb=config.bucket_mb,
+                               accumulate=config.accumulate, profile=config.profile > 0)
         self.stop_signal: Optional[int] = None
         self.backend.init(self.config.timeout)
         self._install_stop_handlers()  # after init: MPI may install handlers of its own
@@ -179,25 +188,35 @@ class Trainer:
 
         self.train_loader, self.val_loader, self.sampler = make_loaders(
             config, train_set, val_set, backend.rank, backend.world_size, pin_memory=device.type == "cuda")
-        self.steps_per_epoch = len(self.train_loader)
+        # A step is one optimizer step over --accumulate micro-batches (loader batches); the epoch's
+        # incomplete tail of micro-batches is dropped. Position.batch counts micro-batches.
+        self.steps_per_epoch = len(self.train_loader) // config.accumulate
+        self.batches_per_epoch = self.steps_per_epoch * config.accumulate
+        self.global_batch = config.batch_size * backend.world_size * config.accumulate
+        if self.steps_per_epoch == 0:
+            fail_usage(self.prog, f"--accumulate {config.accumulate} is more than the {len(self.train_loader)} "
+                                  "batches per rank in an epoch; lower --accumulate or --batch-size")
         self.total_steps = config.epochs * self.steps_per_epoch
         if config.max_steps is not None:
             self.total_steps = min(self.total_steps, config.max_steps)
         self.info = info
         self.settings = {"model": config.model, "dataset": config.dataset, "image_size": info.image_size,
                          "batch_size": config.batch_size, "seed": config.seed, "lr": config.lr,
-                         "lr_scaling": config.lr_scaling}
+                         "lr_scaling": config.lr_scaling, "accumulate": config.accumulate}
 
         model = build_model(config.model, info.channels, info.image_size, info.num_classes, config.seed)
         loaded = self._load_checkpoint()
         if loaded is not None:
             model.load_state_dict(loaded["model"])
-        model = model.to(device)
+        model = model.to(device, memory_format=torch.channels_last if config.channels_last else torch.preserve_format)
+        self.precision = Precision(config.amp, device)
         optimizer = make_optimizer(config, model.parameters())
         # Wrap first: Horovod's DistributedOptimizer is a new optimizer over the same parameters.
         self.model, self.optimizer = backend.wrap(model, optimizer)
         self.plain_model = backend.unwrap(self.model)
         self.position = self._resume_position(loaded)
+        self.profiler = StepProfiler(backend.trace(os.path.join(config.run_dir, PROFILE_DIR)) if config.profile
+                                     else None, config.profile)
 
         hosts = backend.all_gather_object(backend.host())
         self.run_dir = RunDir(config.run_dir, backend.is_main, tensorboard=config.tensorboard)
@@ -217,7 +236,10 @@ class Trainer:
                         "num_classes": info.num_classes},
             "steps_per_epoch": self.steps_per_epoch,
             "total_steps": self.total_steps,
-            "global_batch": config.batch_size * backend.world_size,
+            "global_batch": self.global_batch,
+            "micro_batches_per_step": config.accumulate,
+            "precision": self.precision.describe(),
+            "profile": self.profiler.describe(),
             "resumed_from": self.position.resumed_from,
             "versions": versions(),
         })
@@ -252,6 +274,7 @@ class Trainer:
             torch.manual_seed(config.seed + backend.rank)
             return Position()
         self.optimizer.load_state_dict(loaded["optimizer"])
+        self.precision.load_state_dict(loaded.get("scaler"))
         position = Position(epoch=int(loaded["epoch"]), batch=int(loaded["batch"]), step=int(loaded["step"]),
                             resumed_from=loaded["path"])
         old_world = int(loaded["world_size"])
@@ -268,8 +291,8 @@ class Trainer:
             old_lr = lr_at(config, position.step, self.steps_per_epoch, self.total_steps, old_world)
             new_lr = lr_at(config, position.step, self.steps_per_epoch, self.total_steps, backend.world_size)
             note = (f"world size changed {old_world} -> {backend.world_size} at the start of epoch "
-                    f"{position.epoch + 1}: global batch {config.batch_size * old_world} -> "
-                    f"{config.batch_size * backend.world_size}, lr {old_lr:g} -> {new_lr:g}"
+                    f"{position.epoch + 1}: global batch {config.batch_size * old_world * config.accumulate} -> "
+                    f"{self.global_batch}, lr {old_lr:g} -> {new_lr:g}"
                     + (" (--lr-scaling linear)" if config.lr_scaling == "linear" else ""))
             position.notes.append(note)
             self._say(note)
@@ -291,6 +314,7 @@ class Trainer:
                 "epoch": epoch, "batch": batch, "step": step,
                 "world_size": backend.world_size, "backend": backend.name,
                 "settings": self.settings, "rng": list(rng), "meter": list(meters),
+                "scaler": self.precision.state_dict(),
             }, path)
             ckpt_io.prune(self.config.run_dir, self.config.keep_checkpoints)
             self.watchdog.beat()
@@ -300,6 +324,7 @@ class Trainer:
     # --- training ------------------------------------------------------------------------------
     def _train(self) -> int:
         config, backend, pos = self.config, self.backend, self.position
+        accumulate = config.accumulate
         clock = Clock(self.device)
         split = TimeSplit()
         last_eval: Dict[str, float] = {}
@@ -323,36 +348,36 @@ class Trainer:
             epoch_start = t_prev = clock.now()
             batch = skip
             first_step_s = checkpoint_s = 0.0
-            bar = epoch_bar(config.progress, backend.is_main, epoch, self.steps_per_epoch, skip)
-            for images, labels in self.train_loader:
-                images = images.to(self.device, non_blocking=True)
-                labels = labels.to(self.device, non_blocking=True)
+            bar = epoch_bar(config.progress, backend.is_main, epoch, self.steps_per_epoch, skip // accumulate)
+            # One optimizer step per group of --accumulate micro-batches; an incomplete last group is dropped.
+            for group in grouped(self.train_loader, accumulate):
+                group = [(self._to_device(images), labels.to(self.device, non_blocking=True))
+                         for images, labels in group]
                 t_data = clock.now()
                 lr = lr_at(config, step, self.steps_per_epoch, self.total_steps, backend.world_size)
                 set_lr(self.optimizer, lr)
                 self.optimizer.zero_grad()  # set_to_none (the default); Horovod takes no argument
-                logits = self.model(images)
-                loss = F.cross_entropy(logits, labels)
-                loss.backward()
+                loss, n = self._forward_backward(group, meter)
                 with backend.gradients_ready(self.optimizer):
-                    pass
-                backend.step(self.optimizer)
+                    self.precision.unscale(self.optimizer)
+                    if config.clip_grad_norm is not None:
+                        torch.nn.utils.clip_grad_norm_(self.plain_model.parameters(), config.clip_grad_norm)
+                backend.step(self.optimizer, self.precision.scaler)
                 t_end = clock.now()
 
                 comm = backend.take_comm_seconds()
                 epoch_split.add(t_data - t_prev, max(t_end - t_data - comm, 0.0), comm)
-                n = labels.size(0)
-                meter.add(n, loss=loss.detach() * n, correct=(logits.detach().argmax(dim=1) == labels).sum())
                 step += 1
-                batch += 1
+                batch += accumulate
                 steps_this_run += 1
                 backend.note_step(step)
                 self.watchdog.beat()
+                self.profiler.after_step()
                 bar.update(1)
                 if steps_this_run == 1:
                     first_step_s = t_end - epoch_start
                 checkpoint_due = (config.checkpoint_every and step % config.checkpoint_every == 0
-                                  and batch < self.steps_per_epoch and step < self.total_steps)
+                                  and batch < self.batches_per_epoch and step < self.total_steps)
                 if step % config.log_every == 0 or checkpoint_due or step == self.total_steps:
                     loss_value = loss.item()
                     if not math.isfinite(loss_value):
@@ -369,7 +394,7 @@ class Trainer:
                 if step % STOP_CHECK_EVERY == 0 and step < self.total_steps:
                     signum = self._stop_agreed()
                     if signum:
-                        if batch >= self.steps_per_epoch:
+                        if batch >= self.batches_per_epoch:
                             self._save_checkpoint(epoch + 1, 0, step, SumMeter(TRAIN_METRICS, self.device))
                         elif not checkpoint_due:
                             self._save_checkpoint(epoch, batch, step, meter)
@@ -383,12 +408,12 @@ class Trainer:
 
             train = SumMeter.means(TRAIN_METRICS, backend.all_reduce_sum(meter.values()))
             last_train = {"loss": train["loss"], "top1": train["correct"]}
-            epoch_samples = float(epoch_split.steps * config.batch_size * backend.world_size)
+            epoch_samples = float(epoch_split.steps * self.global_batch)
             # Throughput leaves out the first step of the run (allocation, warm-up) and checkpoint writes.
             warm = first_step_s if epoch == pos.epoch else 0.0
             if epoch_split.steps > (1 if warm else 0):
                 train_seconds += epoch_seconds - warm - checkpoint_s
-                timed_samples += epoch_samples - (config.batch_size * backend.world_size if warm else 0)
+                timed_samples += epoch_samples - (self.global_batch if warm else 0)
             split.merge(epoch_split)
 
             record = {"epoch": epoch, "step": step, "train_loss": train["loss"], "train_top1": train["correct"],
@@ -397,7 +422,7 @@ class Trainer:
                       "samples": train["count"], "epoch_s": epoch_seconds,
                       "samples_per_s": epoch_samples / epoch_seconds if epoch_seconds > 0 else None,
                       "time_split": epoch_split.per_step_ms()}
-            finished_epoch = batch >= self.steps_per_epoch
+            finished_epoch = batch >= self.batches_per_epoch
             last = epoch == config.epochs - 1 or step >= self.total_steps
             if (epoch + 1) % config.eval_every == 0 or last:
                 last_eval = self.evaluate()
@@ -411,6 +436,7 @@ class Trainer:
             else:
                 self._save_checkpoint(epoch, batch, step, meter)
 
+        self.profiler.close()
         if not last_eval:
             last_eval = self.evaluate()
         return self._finish(step, epochs_done, split, last_train, last_eval, train_seconds, timed_samples)
@@ -428,7 +454,7 @@ class Trainer:
             "epochs": epochs_done,
             "steps": step,
             "resumed_from": self.position.resumed_from,
-            "global_batch": config.batch_size * backend.world_size,
+            "global_batch": self.global_batch,
             "samples_per_s": timed_samples / train_seconds if train_seconds > 0 else None,
             "train_s": train_seconds,
             "wall_s": time.time() - psutil.Process().create_time(),  # whole process, imports included
@@ -460,14 +486,41 @@ class Trainer:
         model.eval()
         meter = SumMeter(["loss", "top1", "top5"], device)
         for images, labels in self.val_loader:
-            images, labels = images.to(device), labels.to(device)
-            logits = model(images)
+            images, labels = self._to_device(images), labels.to(device)
+            with self.precision.autocast():
+                logits = model(images)
             self.watchdog.beat()
             top1, top5 = topk_correct(logits, labels, (1, 5))
             meter.add(labels.size(0), loss=F.cross_entropy(logits, labels, reduction="sum"), top1=top1, top5=top5)
         model.train()
         means = SumMeter.means(["loss", "top1", "top5"], backend.all_reduce_sum(meter.values()))
         return {"loss": means["loss"], "top1": means["top1"], "top5": means["top5"], "samples": means["count"]}
+
+    def _to_device(self, images: torch.Tensor) -> torch.Tensor:
+        """Inputs on this rank's device, in channels-last memory format when asked (4-D only)."""
+        images = images.to(self.device, non_blocking=True)
+        if self.config.channels_last and images.dim() == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images
+
+    def _forward_backward(self, group, meter: SumMeter):
+        """Forward and backward over the micro-batches of one optimizer step. Each micro-batch's
+        mean loss counts 1/K; gradients add up locally and are exchanged after the last backward.
+        Returns (the step's loss: the mean of the micro-batch losses, samples in the step)."""
+        k = len(group)
+        step_loss, samples = 0.0, 0
+        for i, (images, labels) in enumerate(group):
+            exchange = i == k - 1
+            with contextlib.nullcontext() if exchange else self.backend.accumulating(self.model):
+                with self.precision.autocast():
+                    logits = self.model(images)
+                    loss = F.cross_entropy(logits, labels)
+                self.precision.scale(loss / k).backward()
+            n = labels.size(0)
+            meter.add(n, loss=loss.detach() * n, correct=(logits.detach().argmax(dim=1) == labels).sum())
+            step_loss = step_loss + loss.detach()
+            samples += n
+        return step_loss / k, samples
 
     def _say(self, message: str) -> None:
         if self.backend.is_main:
@@ -481,6 +534,16 @@ class Trainer:
         if r.get("samples_per_s"):
             line += f" {r['samples_per_s']:.0f} samples/s"
         return line
+
+
+def grouped(iterable, k: int):
+    """Consecutive lists of `k` items; an incomplete last list is dropped."""
+    it = iter(iterable)
+    while True:
+        group = list(itertools.islice(it, k))
+        if len(group) < k:
+            return
+        yield group
 
 
 def run(config: Config, backend: Backend, prog: str = "train") -> int:

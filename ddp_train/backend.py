@@ -152,8 +152,15 @@ class DDPBackend(Backend):
             "process_group": dist.get_backend() if dist.is_initialized() else None,
             "launch": self.source,
             "broadcast_buffers": False,
-            "bucket_cap_mb": 25,
-            "gradient_average": "divide by world size, then allreduce sum (DDP default hook)",
+            "bucket_cap_mb": self.bucket_mb,
+            "comm_hook": "fp16_compress_hook" if self.compression == "fp16" else "allreduce_hook",
+            "compression": self.compression,
+            "gradient_average": ("float16: divide by world size, then allreduce sum (fp16_compress_hook)"
+                                 if self.compression == "fp16" else
+                                 "divide by world size, then allreduce sum (DDP default hook)"),
+            "accumulate": self.accumulate,
+            "accumulation": "no_sync() for the first K-1 backward passes of a step",
+            "trace": "torch.profiler chrome trace of rank 0" if self.profile else None,
         }
 
     # --- training ------------------------------------------------------------------------
@@ -164,12 +171,13 @@ class DDPBackend(Backend):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # Buffers are not broadcast on every forward: Horovod does not either, and the loop
         # synchronises them from rank 0 before evaluating and saving (Backend.broadcast_buffers).
-        ddp = DDP(model, device_ids=device_ids, forward_sync_buffers=False)
+        ddp = DDP(model, device_ids=device_ids, forward_sync_buffers=False, bucket_cap_mb=self.bucket_mb)
+        reduce = default_hooks.fp16_compress_hook if self.compression == "fp16" else default_hooks.allreduce_hook
 
         def timed_allreduce(state, bucket):
-            # The default allreduce hook, noting when the last bucket was handed to the network.
+            # The allreduce hook (plain or float16), noting when the last bucket was handed to the network.
             self._last_bucket_time = time.perf_counter()
-            return default_hooks.allreduce_hook(None, bucket)
+            return reduce(None, bucket)
 
         ddp.register_comm_hook(state=None, hook=timed_allreduce)
         self._ddp = ddp
@@ -177,6 +185,10 @@ class DDPBackend(Backend):
 
     def unwrap(self, model):
         return model.module if hasattr(model, "module") else model
+
+    def accumulating(self, model):
+        # The reducer skips the allreduce; gradients add up in .grad until a backward outside no_sync.
+        return model.no_sync()
 
     @contextlib.contextmanager
     def gradients_ready(self, optimizer):

@@ -13,6 +13,7 @@ import torch
 
 from common.backend import Backend, env_int
 from common.config import UsageError
+from common.profiling import Trace
 
 HOROVOD_MISSING = ("Horovod is not importable in this environment ({error}); run `make setup`, which "
                    "builds horovod 0.28.1 against this torch, or use ddp_train")
@@ -70,6 +71,15 @@ class HorovodBackend(Backend):
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(timeout_s // 2))))
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(max(2, int(timeout_s))))
         os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(1, int(timeout_s))))
+        # --bucket-mb wins over a HOROVOD_FUSION_THRESHOLD from the environment (describe() records both).
+        self._env_fusion_threshold = os.environ.get("HOROVOD_FUSION_THRESHOLD")
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(self.fusion_threshold_bytes)
+        if self._env_fusion_threshold not in (None, os.environ["HOROVOD_FUSION_THRESHOLD"]) and self._env_rank == 0:
+            print(f"hvd_train: HOROVOD_FUSION_THRESHOLD={self._env_fusion_threshold} is overridden by --bucket-mb "
+                  f"{self.bucket_mb:g} ({self.fusion_threshold_bytes} bytes)", flush=True)
+        if self.profile:
+            # hvd.start_timeline() works only when the timeline was enabled at init.
+            os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
         self.hvd.init()
 
     def shutdown(self) -> None:
@@ -83,9 +93,21 @@ class HorovodBackend(Backend):
             "controller": "gloo" if hvd.gloo_enabled() else ("mpi" if hvd.mpi_enabled() else "unknown"),
             "nccl_built": bool(hvd.nccl_built()),
             "fusion_threshold_bytes": env_int("HOROVOD_FUSION_THRESHOLD", default=64 * 1024 * 1024),
+            "fusion_threshold_env_overridden": getattr(self, "_env_fusion_threshold", None),
             "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", "1") or 1),
-            "gradient_average": "allreduce sum, then scale by 1/world size (op=Average)",
+            "compression": self.compression,
+            "gradient_average": ("float16: allreduce sum, then scale by 1/world size (Compression.fp16, op=Average)"
+                                 if self.compression == "fp16" else
+                                 "allreduce sum, then scale by 1/world size (op=Average)"),
+            "backward_passes_per_step": self.accumulate,
+            "trace": "Horovod timeline (HOROVOD_TIMELINE=DYNAMIC, start_timeline/stop_timeline)"
+                     if self.profile else None,
         }
+
+    @property
+    def fusion_threshold_bytes(self) -> int:
+        """--bucket-mb in bytes, for HOROVOD_FUSION_THRESHOLD (MB = 2**20 bytes, as DDP's bucket_cap_mb)."""
+        return int(self.bucket_mb * 1024 * 1024)
 
     # --- training ------------------------------------------------------------------------
     def wrap(self, model, optimizer):
@@ -93,9 +115,14 @@ class HorovodBackend(Backend):
         # Parameters and buffers from rank 0. A fresh optimizer's state is NOT broadcast:
         # broadcast_optimizer_state would run a zero-gradient step, which moves weights under
         # Adam or weight decay and breaks parity with DDP.
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        broadcast_state(hvd, model.state_dict())
+        # backward_passes_per_step=K: gradients add up locally over K backward passes, then the sum is
+        # averaged over ranks (op=Average divides by world size only; the loop divides the loss by K),
+        # which is what DDP's no_sync() accumulation gives.
+        compression = layout_preserving(hvd.Compression.fp16 if self.compression == "fp16" else hvd.Compression.none)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                             op=hvd.Average)
+                                             op=hvd.Average, compression=compression,
+                                             backward_passes_per_step=self.accumulate)
         return model, optimizer
 
     @contextlib.contextmanager
@@ -107,9 +134,13 @@ class HorovodBackend(Backend):
         self._comm_seconds += time.perf_counter() - started
         yield
 
-    def step(self, optimizer) -> None:
+    def step(self, optimizer, scaler=None) -> None:
+        # Gradients were synchronized in gradients_ready(); the step (or GradScaler's) must not do it again.
         with optimizer.skip_synchronize():
-            optimizer.step()
+            super().step(optimizer, scaler)
+
+    def trace(self, folder):
+        return HorovodTimeline(self.hvd, os.path.join(folder, "horovod-timeline.json"), self.is_main)
 
     # --- collectives ---------------------------------------------------------------------
     def all_reduce_sum(self, values):
@@ -126,3 +157,55 @@ class HorovodBackend(Backend):
 
     def barrier(self) -> None:
         self.hvd.barrier()
+
+
+class HorovodTimeline(Trace):
+    """Horovod's timeline (chrome trace events of every tensor's negotiation and allreduce, all
+    ranks) between start and stop; the coordinator (rank 0) writes it. Needs HOROVOD_TIMELINE
+    set before hvd.init() (HorovodBackend.init does it when profiling)."""
+
+    def __init__(self, hvd, path: str, is_main: bool) -> None:
+        self.hvd, self.path, self.is_main = hvd, path, is_main
+
+    def start(self) -> None:
+        if self.is_main:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.hvd.start_timeline(self.path, mark_cycles=False)
+
+    def stop(self) -> None:
+        self.hvd.stop_timeline()
+
+
+def broadcast_state(hvd, state) -> None:
+    """hvd.broadcast_parameters for a state_dict that may hold channels-last tensors: Horovod
+    sends only contiguous tensors, so those travel as contiguous copies and are copied back."""
+    contiguous = {name: tensor.contiguous() for name, tensor in state.items()}
+    hvd.broadcast_parameters(contiguous, root_rank=0)
+    for name, tensor in state.items():
+        if contiguous[name] is not tensor:
+            tensor.copy_(contiguous[name])
+
+
+def layout_preserving(compression):
+    """A Horovod Compression that sends gradients contiguous and gives them back in their own
+    memory layout: Horovod reduces only contiguous tensors, and the gradients of channels-last
+    weights are not (--channels-last). A contiguous gradient passes through untouched."""
+
+    class LayoutPreserving:
+        @staticmethod
+        def compress(tensor):
+            layout = None
+            if not tensor.is_contiguous() and tensor.dim() == 4 and tensor.is_contiguous(
+                    memory_format=torch.channels_last):
+                layout = torch.channels_last
+            compressed, ctx = compression.compress(tensor.contiguous())
+            return compressed, (ctx, layout)
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            inner, layout = ctx
+            tensor = compression.decompress(tensor, inner)
+            return tensor.contiguous(memory_format=layout) if layout is not None else tensor
+
+    LayoutPreserving.__name__ = f"LayoutPreserving{compression.__name__}"
+    return LayoutPreserving
