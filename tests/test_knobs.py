@@ -219,3 +219,29 @@ def test_help_lists_the_knobs_on_both_entry_points():
                        "--channels-last", "--profile"):
             assert option in text, (module, option)
         assert re.search(r"64\s+MB", text)  # Horovod's own fusion default, next to ours
+
+
+def test_grad_scaler_state_survives_a_checkpoint(tmp_path):
+    """The GradScaler's state (--amp fp16, CUDA only for training) goes through the checkpoint format:
+    saved with the checkpoint, loaded with weights_only=True, restored into a fresh scaler. Run on
+    CPU in-process, since only the state's round trip is under test."""
+    from common.backend import LocalBackend
+    from common.checkpoint import atomic_save, verified_load
+    from common.precision import Precision
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = Precision("fp16", torch.device("cpu"))
+    loss = model(torch.ones(3, 4)).sum()
+    before.scale(loss).backward()
+    before.unscale(optimizer)
+    LocalBackend().step(optimizer, before.scaler)  # steps and updates the scale
+    saved = before.state_dict()
+    assert saved["scale"] == 65536.0 and saved["_growth_tracker"] == 1  # one finite step counted
+
+    path = str(tmp_path / "ckpt.pt")
+    atomic_save({"format": 1, "scaler": saved}, path)
+    after = Precision("fp16", torch.device("cpu"))
+    after.load_state_dict(verified_load(path)["scaler"])
+    assert after.state_dict() == saved
+    assert Precision("bf16", torch.device("cpu")).state_dict() is None  # no scaler: nothing saved
