@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from typing import Any, ContextManager, Iterator, List, Sequence
+from typing import Any, Callable, ContextManager, Iterator, List, Sequence
 
 import torch
 
@@ -101,6 +101,19 @@ class Backend:
     def explain_stall(self) -> str | None:
         """After a failed collective: which ranks stopped taking part, if this backend can tell."""
         return None
+
+    # --- elastic membership (Horovod elastic) -------------------------------------------------
+    #: True when the launcher may change the job's members while it runs (horovodrun --min-np/--max-np)
+    elastic: bool = False
+
+    def run_training(self, train: Callable[[], int], trainer: Any) -> int:
+        """Run `train()` and return its exit code. An elastic backend runs it again after the job's
+        members changed, first bringing every rank to the last committed state (trainer.restore)."""
+        return train()
+
+    def commit(self, state: dict) -> None:
+        """The checkpoint state every rank just agreed on; an elastic backend keeps it (on every
+        rank) as the state to go back to after a failure, and may stop here to take in new members."""
 
     def shutdown(self) -> None:
         """Leave the job cleanly."""

@@ -115,13 +115,16 @@ class Trainer:
         self.backend.configure(compression=config.compression, bucket_mb=config.bucket_mb,
                                accumulate=config.accumulate, profile=config.profile > 0)
         self.stop_signal: Optional[int] = None
-        self.backend.init(self.config.timeout)
+        try:
+            self.backend.init(self.config.timeout)
+        except UsageError as exc:  # e.g. the rendezvous port is taken
+            fail_usage(self.prog, str(exc))
         self._install_stop_handlers()  # after init: MPI may install handlers of its own
         # The backend's own timeouts should fire first; the watchdog covers waits that have none.
         self.watchdog = ProgressWatchdog(self.config.timeout + WATCHDOG_GRACE_S, self._no_progress)
         try:
             self._setup(train_set, val_set, info)
-            return self._train()
+            return self.backend.run_training(self._train, self)
         except ckpt_io.CheckpointError as exc:
             fail_usage(self.prog, str(exc))
         except TrainingStopped as exc:
@@ -186,20 +189,8 @@ class Trainer:
               f"{backend.local_rank}/{backend.local_world_size} host {backend.host()} device {device} "
               f"threads {self.threads}", flush=True)
 
-        self.train_loader, self.val_loader, self.sampler = make_loaders(
-            config, train_set, val_set, backend.rank, backend.world_size, pin_memory=device.type == "cuda")
-        # A step is one optimizer step over --accumulate micro-batches (loader batches); the epoch's
-        # incomplete tail of micro-batches is dropped. Position.batch counts micro-batches.
-        self.steps_per_epoch = len(self.train_loader) // config.accumulate
-        self.batches_per_epoch = self.steps_per_epoch * config.accumulate
-        self.global_batch = config.batch_size * backend.world_size * config.accumulate
-        if self.steps_per_epoch == 0:
-            fail_usage(self.prog, f"--accumulate {config.accumulate} is more than the {len(self.train_loader)} "
-                                  "batches per rank in an epoch; lower --accumulate or --batch-size")
-        self.total_steps = config.epochs * self.steps_per_epoch
-        if config.max_steps is not None:
-            self.total_steps = min(self.total_steps, config.max_steps)
-        self.info = info
+        self.train_set, self.val_set, self.info = train_set, val_set, info
+        self._build_loaders()
         self.settings = {"model": config.model, "dataset": config.dataset, "image_size": info.image_size,
                          "batch_size": config.batch_size, "seed": config.seed, "lr": config.lr,
                          "lr_scaling": config.lr_scaling, "accumulate": config.accumulate}
@@ -217,10 +208,37 @@ class Trainer:
         self.position = self._resume_position(loaded)
         self.profiler = StepProfiler(backend.trace(os.path.join(config.run_dir, PROFILE_DIR)) if config.profile
                                      else None, config.profile)
+        self.run_dir = None
+        if not backend.elastic:  # an elastic job opens it once its members are known (rejoin)
+            self.open_run_dir(keep_until_step=self.position.step if loaded is not None else None)
 
+    def _build_loaders(self) -> None:
+        """Loaders and step counts for this rank at the current world size."""
+        config, backend = self.config, self.backend
+        self.train_loader, self.val_loader, self.sampler = make_loaders(
+            config, self.train_set, self.val_set, backend.rank, backend.world_size,
+            pin_memory=self.device.type == "cuda")
+        # A step is one optimizer step over --accumulate micro-batches (loader batches); the epoch's
+        # incomplete tail of micro-batches is dropped. Position.batch counts micro-batches.
+        self.steps_per_epoch = len(self.train_loader) // config.accumulate
+        self.batches_per_epoch = self.steps_per_epoch * config.accumulate
+        self.global_batch = config.batch_size * backend.world_size * config.accumulate
+        if self.steps_per_epoch == 0:
+            fail_usage(self.prog, f"--accumulate {config.accumulate} is more than the {len(self.train_loader)} "
+                                  "batches per rank in an epoch; lower --accumulate or --batch-size")
+        self.total_steps = config.epochs * self.steps_per_epoch
+        if config.max_steps is not None:
+            self.total_steps = min(self.total_steps, config.max_steps)
+
+    def open_run_dir(self, keep_until_step: Optional[int]) -> None:
+        """Rank 0 opens the run directory and writes config.json (a collective: every rank's host)."""
+        config, backend, info = self.config, self.backend, self.info
+        train_set, val_set, device = self.train_set, self.val_set, self.device
         hosts = backend.all_gather_object(backend.host())
+        if self.run_dir is not None:
+            self.run_dir.close()
         self.run_dir = RunDir(config.run_dir, backend.is_main, tensorboard=config.tensorboard)
-        self.run_dir.open(keep_until_step=self.position.step if loaded is not None else None)
+        self.run_dir.open(keep_until_step=keep_until_step)
         self.run_dir.write_json("config.json", {
             "config": config.to_dict(),
             "backend": backend.describe(),
@@ -289,6 +307,10 @@ class Trainer:
         else:
             torch.manual_seed(config.seed + backend.rank + 1_000 * position.epoch)
             old_lr = lr_at(config, position.step, self.steps_per_epoch, self.total_steps, old_world)
+            # The rest of the run goes at the new world's steps per epoch; step and cosine schedules end there.
+            self.total_steps = position.step + (config.epochs - position.epoch) * self.steps_per_epoch
+            if config.max_steps is not None:
+                self.total_steps = min(self.total_steps, config.max_steps)
             new_lr = lr_at(config, position.step, self.steps_per_epoch, self.total_steps, backend.world_size)
             note = (f"world size changed {old_world} -> {backend.world_size} at the start of epoch "
                     f"{position.epoch + 1}: global batch {config.batch_size * old_world * config.accumulate} -> "
@@ -300,26 +322,56 @@ class Trainer:
                   f"step {position.step}")
         return position
 
+    def checkpoint_state(self, epoch: int, batch: int, step: int, meter: SumMeter) -> Dict:
+        """What a checkpoint holds (a collective: every rank's RNG state and partial sums). Built on
+        rank 0 only, or on every rank when the backend keeps it for an elastic restart."""
+        backend = self.backend
+        rng, meters = zip(*backend.all_gather_object((torch.get_rng_state(), meter.values())))
+        if not (backend.is_main or backend.elastic):
+            return {}
+        return {
+            "format": ckpt_io.FORMAT,
+            "model": {k: v.detach().cpu() for k, v in self.plain_model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "epoch": epoch, "batch": batch, "step": step,
+            "world_size": backend.world_size, "backend": backend.name,
+            "settings": self.settings, "rng": list(rng), "meter": list(meters),
+            "scaler": self.precision.state_dict(),
+        }
+
     def _save_checkpoint(self, epoch: int, batch: int, step: int, meter: SumMeter) -> None:
-        """Every rank contributes its RNG state and partial sums; rank 0 writes; all wait for it."""
+        """Every rank contributes its RNG state and partial sums; rank 0 writes; all wait for it.
+        An elastic backend then commits the same state as the one to go back to after a failure."""
         backend = self.backend
         self.watchdog.beat()
-        rng, meters = zip(*backend.all_gather_object((torch.get_rng_state(), meter.values())))
+        state = self.checkpoint_state(epoch, batch, step, meter)
         if backend.is_main:
             path = ckpt_io.checkpoint_path(self.config.run_dir, step)
-            ckpt_io.atomic_save({
-                "format": ckpt_io.FORMAT,
-                "model": {k: v.detach().cpu() for k, v in self.plain_model.state_dict().items()},
-                "optimizer": self.optimizer.state_dict(),
-                "epoch": epoch, "batch": batch, "step": step,
-                "world_size": backend.world_size, "backend": backend.name,
-                "settings": self.settings, "rng": list(rng), "meter": list(meters),
-                "scaler": self.precision.state_dict(),
-            }, path)
+            ckpt_io.atomic_save(state, path)
             ckpt_io.prune(self.config.run_dir, self.config.keep_checkpoints)
             self.watchdog.beat()
             self.run_dir.log("checkpoint", epoch=epoch, step=step, path=path)
         backend.barrier()
+        backend.commit(state)
+
+    def start_state(self) -> Dict:
+        """The checkpoint state of where this run starts (a collective)."""
+        pos = self.position
+        meter = SumMeter(TRAIN_METRICS, self.device)
+        if pos.meter is not None:
+            meter.load(pos.meter)
+        return self.checkpoint_state(pos.epoch, pos.batch, pos.step, meter)
+
+    def restore(self, state: Dict, origin: str) -> None:
+        """Continue from `state` (a checkpoint dict) after an elastic job's membership changed:
+        loaders for the new world, weights, optimizer and position; the run directory is reopened,
+        since rank 0 may now be another process."""
+        self._build_loaders()
+        self.plain_model.load_state_dict(state["model"])
+        self.position = self._resume_position(dict(state, path=origin))
+        self.open_run_dir(keep_until_step=self.position.step)
+        self.run_dir.log("note", step=self.position.step,
+                         message=f"elastic: {self.backend.world_size} ranks continue from {origin}")
 
     # --- training ------------------------------------------------------------------------------
     def _train(self) -> int:

@@ -62,6 +62,11 @@ class HorovodBackend(Backend):
     def world_size(self) -> int:
         return self.hvd.size()
 
+    @property
+    def elastic(self) -> bool:
+        """Started by horovodrun's elastic driver (--min-np/--max-np/--host-discovery-script)."""
+        return os.environ.get("HOROVOD_ELASTIC") == "1"
+
     def _initialised(self) -> bool:
         return self.hvd is not None and self.hvd.is_initialized()
 
@@ -100,6 +105,7 @@ class HorovodBackend(Backend):
                                  if self.compression == "fp16" else
                                  "allreduce sum, then scale by 1/world size (op=Average)"),
             "backward_passes_per_step": self.accumulate,
+            "elastic": self.elastic,
             "trace": "Horovod timeline (HOROVOD_TIMELINE=DYNAMIC, start_timeline/stop_timeline)"
                      if self.profile else None,
         }
@@ -115,7 +121,8 @@ class HorovodBackend(Backend):
         # Parameters and buffers from rank 0. A fresh optimizer's state is NOT broadcast:
         # broadcast_optimizer_state would run a zero-gradient step, which moves weights under
         # Adam or weight decay and breaks parity with DDP.
-        broadcast_state(hvd, model.state_dict())
+        if not self.elastic:  # elastic: rejoin() broadcasts, once the job's members are known
+            broadcast_state(hvd, model.state_dict())
         # backward_passes_per_step=K: gradients add up locally over K backward passes, then the sum is
         # averaged over ranks (op=Average divides by world size only; the loop divides the loss by K),
         # which is what DDP's no_sync() accumulation gives.
@@ -124,6 +131,25 @@ class HorovodBackend(Backend):
                                              op=hvd.Average, compression=compression,
                                              backward_passes_per_step=self.accumulate)
         return model, optimizer
+
+    def run_training(self, train, trainer) -> int:
+        if not self.elastic:
+            return train()
+        from .elastic import make_state, rejoin
+
+        hvd = self.hvd
+        self._committed = make_state(hvd)
+
+        @hvd.elastic.run
+        def elastic_train(state):
+            rejoin(hvd, state, trainer)
+            return train()
+
+        return elastic_train(self._committed)
+
+    def commit(self, state: dict) -> None:
+        if self.elastic:
+            self._committed.keep(state)
 
     @contextlib.contextmanager
     def gradients_ready(self, optimizer):

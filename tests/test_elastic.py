@@ -1,0 +1,52 @@
+"""Horovod elastic: a worker lost mid-run costs a restart from the last commit, not the job.
+
+Two host names that both resolve to this machine (localhost and 127.0.0.1) stand for two hosts, so
+that the elastic driver can blacklist the one whose worker failed and go on with the other.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from launch import BIN, PY, launch, read_run
+from processes import Job, assert_nothing_left, worker
+
+ARGS = ["--model", "mlp", "--epochs", "8", "--threads", "1", "--checkpoint-every", "10"]
+STEPS_PER_EPOCH_2 = 23  # digits, batch 32, world size 2
+
+
+def test_elastic_job_loses_a_worker_and_finishes_from_the_last_commit(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    run_dir = tmp_path / "elastic"
+    job = Job([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+               "--host-discovery-script", str(discover), PY, "-m", "hvd_train", *ARGS, "--run-dir", str(run_dir)])
+    job.wait_for(r"epoch 2 step")
+    worker(str(run_dir), 1).kill()  # its host is blacklisted by the driver; the job goes on without it
+    killed = time.monotonic()
+    assert job.wait(timeout=240) == 0, job.output[-4000:]
+    assert time.monotonic() - killed < 240
+    assert_nothing_left(str(run_dir))
+
+    run = read_run(run_dir)
+    assert run["summary"]["world_size"] == 1
+    notes = [e["message"] for e in run["events"] if e["event"] == "note"]
+    changed = [n for n in notes if n.startswith("world size changed 2 -> 1 at the start of epoch ")]
+    assert changed and any("elastic: 1 ranks continue from the elastic commit" in n for n in notes), notes
+    epoch = int(changed[0].split("at the start of epoch ")[1].split(":")[0]) - 1  # 0-based epoch it resumed at
+    assert epoch >= 2
+    # Every step appears once in metrics.jsonl: the steps after the commit were redone, not repeated.
+    steps = [e["step"] for e in run["events"] if e["event"] == "step"]
+    assert steps == sorted(set(steps)) and steps[0] == 1
+
+    # Exactly what a checkpoint resume at that epoch boundary on one worker gives.
+    reference = tmp_path / "reference"
+    launch("horovodrun-gloo", 2, ARGS + ["--max-steps", str(epoch * STEPS_PER_EPOCH_2),
+                                         "--run-dir", str(reference)]).check()
+    launch("none-hvd", 1, ARGS + ["--resume", "auto", "--run-dir", str(reference)]).check()
+    assert run["summary"]["weights_sha256"] == read_run(reference)["summary"]["weights_sha256"]
+    assert json.loads((run_dir / "config.json").read_text())["backend"]["elastic"] is True
