@@ -95,7 +95,7 @@ def _mnist(config: Config):
     try:
         train = datasets.MNIST(root, train=True, download=False, transform=tf)
         val = datasets.MNIST(root, train=False, download=False, transform=tf)
-    except (RuntimeError, OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - any reader failure (short file, bad header) is bad data
         raise UsageError(f"cannot read MNIST under --data-dir {root!r} ({exc}); it needs "
                          f"MNIST/raw/{{train,t10k}}-{{images-idx3,labels-idx1}}-ubyte") from None
     return train, val, DataInfo(1, 28, 10)
@@ -135,7 +135,7 @@ def _cifar10(config: Config):
     try:
         train = reader(root, train=True, download=False, transform=tf)
         val = reader(root, train=False, download=False, transform=tf)
-    except (RuntimeError, OSError, ValueError, EOFError, KeyError) as exc:
+    except Exception as exc:  # noqa: BLE001 - any reader failure (pickle, shape, missing key) is bad data
         raise UsageError(f"cannot read CIFAR-10 under --data-dir {root!r} ({exc}); it needs "
                          "cifar-10-batches-py/ with data_batch_1..5, test_batch, batches.meta") from None
     return train, val, DataInfo(3, 32, 10)

@@ -31,6 +31,18 @@ def _slurm_tasks_on_this_node() -> int:
     return counts[node] if node < len(counts) else (counts[0] if counts else 1)
 
 
+def _loopback_interface():
+    """The name of the interface that holds 127.0.0.1 ('lo' on Linux), or None."""
+    import socket
+
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
+            return name
+    return None
+
+
 class DDPBackend(Backend):
     """torch.distributed with gloo on CPU and NCCL on GPU, DistributedDataParallel for gradients."""
 
@@ -92,7 +104,19 @@ class DDPBackend(Backend):
             # One process: an in-memory store, no port to open.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
-            store = self._store(timeout)
+            if backend == "gloo" and self._local_world == self._world and "GLOO_SOCKET_IFNAME" not in os.environ:
+                # Every rank is on this host: gloo's connections need not listen beyond loopback (by
+                # default gloo listens on the address the host name resolves to, often a public one).
+                loopback = _loopback_interface()
+                if loopback:
+                    os.environ["GLOO_SOCKET_IFNAME"] = loopback
+            try:
+                store = self._store(timeout)
+            except RuntimeError as exc:
+                if "EADDRINUSE" in str(exc) or "address already in use" in str(exc):
+                    raise UsageError(f"MASTER_PORT {os.environ.get('MASTER_PORT')} is already in use on this host; "
+                                     "export a free MASTER_PORT (python -m common.doctor --port N checks one)") from None
+                raise
             dist.init_process_group(backend, store=store, rank=self._rank, world_size=self._world, timeout=timeout)
             # A second connection, used only after a failure, to find who stopped taking part.
             self._stall_store = self._store(timeout)
@@ -152,6 +176,7 @@ class DDPBackend(Backend):
             "process_group": dist.get_backend() if dist.is_initialized() else None,
             "launch": self.source,
             "broadcast_buffers": False,
+            "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
             "bucket_cap_mb": self.bucket_mb,
             "comm_hook": "fp16_compress_hook" if self.compression == "fp16" else "allreduce_hook",
             "compression": self.compression,

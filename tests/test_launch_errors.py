@@ -1,0 +1,119 @@
+"""Launch problems end in seconds with a message that names them: a port in use, more processes than
+slots, data files that cannot be read. And a one-host job listens on loopback only."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+
+import pytest
+
+from datasets import write_cifar10, write_mnist
+from launch import BIN, PY, launch, run_cmd
+from processes import Job, assert_nothing_left, worker
+
+TINY = ["--model", "mlp", "--max-steps", "3", "--threads", "1"]
+
+
+@pytest.fixture
+def busy_port():
+    """A TCP port some other program is listening on."""
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen(1)
+        yield holder.getsockname()[1]
+
+
+def test_torchrun_master_port_in_use(tmp_path, busy_port):
+    run_dir = tmp_path / "run"
+    result = run_cmd([str(BIN / "torchrun"), "--nproc-per-node=2", f"--master-port={busy_port}",
+                      "-m", "ddp_train", *TINY, "--run-dir", str(run_dir)], timeout=60)
+    assert result.returncode != 0
+    assert result.seconds < 30
+    assert "EADDRINUSE" in result.output or "address already in use" in result.output, result.output[-2000:]
+    assert_nothing_left(str(run_dir))
+
+
+def test_ddp_store_port_in_use_is_one_line(tmp_path, busy_port):
+    """Without torchrun (srun, or RANK/WORLD_SIZE by hand) rank 0 hosts the store at MASTER_PORT."""
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(busy_port)}
+    result = run_cmd([PY, "-m", "ddp_train", *TINY, "--run-dir", str(tmp_path)], timeout=60, env=env)
+    assert result.returncode == 2
+    assert result.seconds < 20
+    assert f"[rank 0] ddp_train: error: MASTER_PORT {busy_port} is already in use on this host; export a free " \
+           "MASTER_PORT" in result.output, result.output[-2000:]
+    assert "Traceback" not in result.output
+
+
+def test_horovodrun_more_processes_than_slots(tmp_path):
+    result = run_cmd([str(BIN / "horovodrun"), "-np", "4", "-H", "localhost:2", "--gloo", PY, "-m", "hvd_train",
+                      *TINY, "--run-dir", str(tmp_path)], timeout=60)
+    assert result.returncode != 0 and result.seconds < 30
+    assert "Requested more processes (4) than there are available slots (2)" in result.output, result.output[-2000:]
+    assert not (tmp_path / "config.json").exists()
+
+
+def test_mpirun_more_processes_than_slots(tmp_path):
+    from common.compare.launchers import mpi_flags
+
+    root = [f for f in mpi_flags() if f != "--oversubscribe"]
+    result = run_cmd(["mpirun", *root, "--host", "localhost:1", "-np", "2", PY, "-m", "hvd_train", *TINY,
+                      "--run-dir", str(tmp_path)], timeout=60)
+    assert result.returncode != 0 and result.seconds < 30
+    assert "not enough slots" in result.output, result.output[-2000:]
+
+
+@pytest.mark.parametrize("dataset,writer,spoil", [
+    ("mnist", write_mnist, lambda root: _truncate(root / "MNIST" / "raw" / "train-images-idx3-ubyte")),
+    ("cifar10", write_cifar10, lambda root: (root / "cifar-10-batches-py" / "data_batch_3").write_bytes(b"\x00junk")),
+])
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+def test_unreadable_data_files_fail_fast_on_every_rank(tmp_path, dataset, writer, spoil, launcher):
+    root = writer(tmp_path / "data")
+    spoil(root)
+    result = launch(launcher, 2, ["--dataset", dataset, "--data-dir", str(root), *TINY,
+                                  "--run-dir", str(tmp_path / "run")], timeout=60)
+    assert result.returncode != 0 and result.seconds < 30
+    for rank in range(2):
+        line = re.search(rf"\[rank {rank}\] (ddp|hvd)_train: error: cannot read .*--data-dir.*", result.output)
+        assert line, result.output[-3000:]
+    assert not re.search(r'File ".*/(common|ddp_train|hvd_train)/', result.output)
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:100])
+
+
+LOOPBACK = ("127.0.0.1", "[::1]", "[::ffff:127.0.0.1]")
+
+
+def _listening_addresses(pid: int, host=None):
+    """The local addresses process `pid` listens on, as `ss` (in that host's namespace) shows them."""
+    from cluster import on_host
+
+    cmd = ["ss", "-Hltnp"] if host is None else on_host(host, ["ss", "-Hltnp"])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return [line.split()[3].rsplit(":", 1)[0] for line in out.splitlines() if f"pid={pid}," in line]
+
+
+@pytest.mark.multinode
+def test_one_host_ddp_job_listens_on_loopback_only(cluster, tmp_path):
+    """On node0 the host name resolves to its network address, where gloo would listen by default."""
+    from cluster import on_host
+
+    run_dir = tmp_path / "run"
+    job = Job(on_host("node0", [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "ddp_train",
+                                "--model", "mlp", "--epochs", "400", "--threads", "1", "--run-dir", str(run_dir)]))
+    try:
+        job.wait_for(r"epoch 2 step")
+        for rank in range(2):
+            addresses = _listening_addresses(worker(str(run_dir), rank).pid, host="node0")
+            assert addresses, f"rank {rank} listens nowhere?"
+            assert all(a in LOOPBACK for a in addresses), addresses
+    finally:
+        job.proc.send_signal(signal.SIGTERM)
+        job.wait(timeout=30)
+    assert_nothing_left(str(run_dir))
