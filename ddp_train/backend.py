@@ -110,13 +110,7 @@ class DDPBackend(Backend):
                 loopback = _loopback_interface()
                 if loopback:
                     os.environ["GLOO_SOCKET_IFNAME"] = loopback
-            try:
-                store = self._store(timeout)
-            except RuntimeError as exc:
-                if "EADDRINUSE" in str(exc) or "address already in use" in str(exc):
-                    raise UsageError(f"MASTER_PORT {os.environ.get('MASTER_PORT')} is already in use on this host; "
-                                     "export a free MASTER_PORT (python -m common.doctor --port N checks one)") from None
-                raise
+            store = self._rendezvous(timeout)
             dist.init_process_group(backend, store=store, rank=self._rank, world_size=self._world, timeout=timeout)
             # A second connection, used only after a failure, to find who stopped taking part.
             self._stall_store = self._store(timeout)
@@ -141,6 +135,31 @@ class DDPBackend(Backend):
         return (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} stopped taking part "
                 f"(did not check in after the failed collective at step {self.current_step})")
 
+    def _rendezvous(self, timeout: datetime.timedelta):
+        """The store, once every rank has checked in at it; a rank that does not come within the
+        timeout is named (a UsageError), as is a taken or unreachable MASTER_PORT."""
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        seconds = f"--timeout {timeout.total_seconds():g} s"
+        try:
+            store = self._store(timeout)
+        except RuntimeError as exc:
+            if "EADDRINUSE" in str(exc) or "address already in use" in str(exc):
+                raise UsageError(f"MASTER_PORT {os.environ.get('MASTER_PORT')} is already in use on this host; "
+                                 "export a free MASTER_PORT (python -m common.doctor --port N checks one)") from None
+            raise UsageError(f"cannot reach the rendezvous at {where} within {seconds}: check that rank 0 started "
+                             "and that every rank has the same MASTER_ADDR and MASTER_PORT") from None
+        store.set(f"joined/{self._rank}", "1")
+        try:
+            store.wait([f"joined/{r}" for r in range(self._world)], timeout)
+        except RuntimeError:
+            missing = [r for r in range(self._world) if not store.check([f"joined/{r}"])]
+            if not missing:
+                raise
+            raise UsageError(f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not join the "
+                             f"rendezvous at {where} within {seconds}; start all {self._world} ranks, or check "
+                             "that they can reach it") from None
+        return store
+
     def _store(self, timeout: datetime.timedelta):
         """The rendezvous store at MASTER_ADDR:MASTER_PORT, with keys private to this attempt.
 
@@ -151,8 +170,9 @@ class DDPBackend(Backend):
 
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        # No waiting for the other ranks here: _rendezvous() waits, and can then name who is missing.
         store = dist.TCPStore(host, port, self._world, is_master=not agent_hosts_store and self._rank == 0,
-                              timeout=timeout, multi_tenant=not agent_hosts_store)
+                              timeout=timeout, multi_tenant=not agent_hosts_store, wait_for_workers=False)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         return dist.PrefixStore(f"ddp_train/attempt_{attempt}", store)
 

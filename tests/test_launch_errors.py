@@ -117,3 +117,24 @@ def test_one_host_ddp_job_listens_on_loopback_only(cluster, tmp_path):
         job.proc.send_signal(signal.SIGTERM)
         job.wait(timeout=30)
     assert_nothing_left(str(run_dir))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("started,missing", [(0, 1), (1, 0)])
+def test_a_rank_that_never_joins_the_rendezvous_is_named(tmp_path, started, missing):
+    """Ranks started by hand (or srun) meet at MASTER_ADDR:MASTER_PORT; one of two never comes."""
+    env = {"RANK": str(started), "WORLD_SIZE": "2", "LOCAL_RANK": str(started), "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    result = run_cmd([PY, "-m", "ddp_train", *TINY, "--timeout", "6", "--run-dir", str(tmp_path)], timeout=90, env=env)
+    assert result.returncode == 2 and result.seconds < 40, result.output[-2000:]
+    if started == 0:
+        expected = "[rank 0] ddp_train: error: rank 1 did not join the rendezvous at 127.0.0.1:"
+    else:  # rank 0 hosts the store: without it there is nothing to reach
+        expected = "[rank 1] ddp_train: error: cannot reach the rendezvous at 127.0.0.1:"
+    assert expected in result.output and "within --timeout 6 s" in result.output, result.output[-2000:]
+    assert "Traceback" not in result.output
