@@ -50,9 +50,9 @@ def main(argv=None) -> int:
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, num_workers=config.workers,
                         pin_memory=cuda)
     model = build_model(config.model, info.channels, info.image_size, info.num_classes, config.seed).to(device)
-    # broadcast_buffers=False: the loop under comparison does not sync BatchNorm buffers every
+    # forward_sync_buffers=False: the loop under comparison does not sync BatchNorm buffers every
     # forward either, so both send exactly the gradients and the ratio measures the loop.
-    model = DDP(model, device_ids=[local_rank] if cuda else None, broadcast_buffers=False)
+    model = DDP(model, device_ids=[local_rank] if cuda else None, forward_sync_buffers=False)
     optimizer = make_optimizer(config, model.parameters())
 
     total = config.epochs * len(loader)

@@ -4,6 +4,7 @@ so that a timeout or Ctrl-C leaves no rank behind."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -53,6 +54,14 @@ def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
 
 class JobFailed(RuntimeError):
     """A launched job exited non-zero or ran out of time; the message ends with its output."""
+
+
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by every finished process this one started, their
+    children included: run jobs one at a time and the difference is one job's CPU time, which
+    other load on the machine disturbs far less than its wall time."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_job(cmd: Sequence[str], log: Path, timeout_s: float, env: Optional[Dict[str, str]] = None) -> float:

@@ -3,7 +3,7 @@
 # with its benchmark section. Run on a quiet machine: anything else running disturbs the numbers
 # (each JSON records the load average it started under).
 #
-#   benchmarks/run_all.sh            # the full set (about an hour on 2 cores)
+#   benchmarks/run_all.sh            # the full set (a few hours on 2 cores)
 #   QUICK=1 benchmarks/run_all.sh    # small sizes, one repeat: checks the pipeline in minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,15 +13,24 @@ mkdir -p "$OUT"
 
 if [[ "${QUICK:-0}" == 1 ]]; then
   "$PY" -m benchmarks.allreduce --np 2 --max-bytes 4M --iters 5 --out "$OUT"
+  "$PY" -m benchmarks.loop_overhead --models convnet --out "$OUT"
+  "$PY" -m benchmarks.horovod_cycle --np 2 --cycle-ms 1,5 --idle-s 3 --out "$OUT"
   "$PY" -m benchmarks.throughput --np 1,2 --models convnet --image-size 32 --steps 6 --repeats 1 --out "$OUT"
 else
   # Message sizes 4 B .. 256 MB by powers of 4, torch.distributed and both Horovod controllers.
   "$PY" -m benchmarks.allreduce --np 2,4 --out "$OUT"
+  # The loop's bookkeeping per step (reads the stop check's cost from allreduce.json).
+  "$PY" -m benchmarks.loop_overhead --models convnet,resnet18 --out "$OUT"
+  # Horovod's background thread: idle CPU per cycle time and controller.
+  "$PY" -m benchmarks.horovod_cycle --np 2 --cycle-ms 1,5,10,20 --idle-s 8 --out "$OUT"
   # convnet 32x32 and resnet18 224x224, per-rank batch 16, every world size, 3 repeats,
   # with the bare DDP loop and N independent processes as references.
   "$PY" -m benchmarks.throughput --np 1,2,4 --models convnet,resnet18 \
       --image-size convnet=32,resnet18=224 --batch-size 16 --steps 12 --repeats 3 \
       --backends ddp,horovod-gloo,horovod-mpi --out "$OUT"
+  # Horovod's cycle time against its scaling (resnet18 224x224, world sizes 1 and 2).
+  "$PY" -m benchmarks.throughput --np 1,2 --models resnet18 --image-size 224 --batch-size 16 --steps 12 \
+      --repeats 3 --backends ddp,horovod-gloo --sweep HOROVOD_CYCLE_TIME=1,5,10 --out "$OUT/hvd-cycle"
 fi
 
 # The comparison report on the embedded default, with the benchmark section added.

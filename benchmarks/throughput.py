@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from common.compare.launchers import LaunchSpec
 from common.config import build_parser as training_parser
 
-from .jobs import JobFailed, run_job, run_jobs_together, worker_command
+from .jobs import JobFailed, children_cpu_s, run_job, run_jobs_together, worker_command
 from .machine import cores, csv_ints, load, machine, print_table, under_load, write_json
 
 #: label -> (backend, Horovod controller) as common.compare.launchers.LaunchSpec takes them
@@ -206,6 +206,7 @@ DEFINITIONS = {
                          "processes started together with the threads of one rank each",
     "loop_ratio": "our DDP loop's step time / bare DDP loop's step time at the same world size "
                   "(= bare samples/s / ddp samples/s)",
+    "job_cpu_s": "CPU seconds of the whole job, every process (start-up and evaluation included); median",
 }
 
 
@@ -260,7 +261,7 @@ class Bench:
         name = f"{case.name} {label} x{np} #{repeat + 1}"
         print(f"throughput: {name} ...", end=" ", flush=True)
         logs = [d / "launch.log" if len(dirs) == 1 else d.parent / f"{d.name}.log" for d in dirs]
-        started = time.monotonic()
+        started, cpu_before = time.monotonic(), children_cpu_s()
         try:
             if len(cmds) == 1:
                 run_job(cmds[0], logs[0], self.args.timeout, env=case.env)
@@ -273,9 +274,11 @@ class Bench:
                                   "command": " ".join(map(str, cmds[0])), "error": str(exc)[-2000:]})
             return None
         sps = sum(s["samples_per_s"] or 0.0 for s in summaries)
-        print(f"{sps:.1f} samples/s ({time.monotonic() - started:.0f} s)", flush=True)
+        cpu_s = children_cpu_s() - cpu_before
+        print(f"{sps:.1f} samples/s ({time.monotonic() - started:.0f} s, {cpu_s:.0f} CPU s)", flush=True)
         first = summaries[0]
         return {"label": label, "world_size": np, "repeat": repeat + 1, "samples_per_s": sps,
+                "job_cpu_s": cpu_s, "job_wall_s": time.monotonic() - started,
                 "time_split": first.get("time_split"), "steps": first.get("steps"),
                 "run_dirs": [str(d) for d in dirs], "command": " ".join(map(str, cmds[0])),
                 "backend_options": first.get("backend_options")}
@@ -292,6 +295,8 @@ def summarise(case: Case, runs: List[Dict], backends: List[str]) -> Dict:
     for key in sorted({(r["label"], r["world_size"]) for r in runs}):
         values = [r["samples_per_s"] for r in runs if (r["label"], r["world_size"]) == key]
         throughput[f"{key[0]}@{key[1]}"] = _stats(values)
+        throughput[f"{key[0]}@{key[1]}"]["job_cpu_s"] = statistics.median(
+            r["job_cpu_s"] for r in runs if (r["label"], r["world_size"]) == key)
 
     def med(label: str, np: int) -> Optional[float]:
         cell = throughput.get(f"{label}@{np}")
@@ -331,9 +336,9 @@ def print_summary(report: Dict) -> None:
                          _pct(case["scaling_efficiency"].get(label, {}).get(np), ratio=True),
                          _pct(case["exchange_overhead"].get(label, {}).get(np)),
                          f"{case['loop_ratio'][np]:.3f}" if label == "ddp" and np in case["loop_ratio"] else "",
-                         _ms(split.get("comm_ms")), _ms(split.get("step_ms"))])
+                         _ms(split.get("comm_ms")), _ms(split.get("step_ms")), f"{cell['job_cpu_s']:.0f}"])
         print_table(["run", "np", "samples/s", "min-max", "scaling", "exch.ovh", "loop/bare", "comm ms",
-                     "step ms"], rows)
+                     "step ms", "job CPU s"], rows)
     for f in report["failures"]:
         print(f"FAILED {f['case']} {f['label']} x{f['world_size']} #{f['repeat']}: {f['error'].splitlines()[0]}")
     if report["under_load"]:

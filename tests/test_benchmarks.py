@@ -92,7 +92,7 @@ def test_throughput_reports_scaling_overhead_and_loop_ratio(throughput_out):
     expected = {"ddp@1", "ddp@2", "horovod-gloo@1", "horovod-gloo@2", "bare-ddp@1", "bare-ddp@2", "independent@2"}
     assert set(case["throughput"]) == expected
     for cell in case["throughput"].values():
-        assert cell["n"] == 1 and all(positive(cell[k]) for k in ("median", "min", "max"))
+        assert cell["n"] == 1 and all(positive(cell[k]) for k in ("median", "min", "max", "job_cpu_s"))
     for label in ("ddp", "horovod-gloo", "bare-ddp"):
         assert case["scaling_efficiency"][label]["1"] == pytest.approx(1.0)
         assert positive(case["scaling_efficiency"][label]["2"])
@@ -186,3 +186,35 @@ def test_report_shows_the_benchmarks(allreduce_out, throughput_out, tmp_path):
     empty = run_cmd([PY, "-m", "common.compare", "--runs", runs / "ddp-2-r1", "--bench", tmp_path / "report",
                      "--out", tmp_path / "x"])
     assert empty.returncode == 2 and "no allreduce.json or throughput.json" in empty.output
+
+
+def test_loop_overhead_times_each_piece_of_bookkeeping(allreduce_out, tmp_path):
+    ar_dir, _ = allreduce_out
+    shutil.copy(ar_dir / "allreduce.json", tmp_path / "allreduce.json")
+    result = bench("loop_overhead", "--models", "convnet", "--image-size", "8", "--batch-size", "4",
+                   "--repeats", "5", "--out", tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    data = json.loads((tmp_path / "loop_overhead.json").read_text())
+    assert_machine(data)
+    (row,) = data["rows"]
+    assert row["model"] == "convnet" and positive(row["step_s"])
+    # The stop check's cost comes from the allreduce benchmark's smallest torch message.
+    torch_small = next(s for s in json.loads((ar_dir / "allreduce.json").read_text())["series"]
+                       if s["name"] == "torch-gloo")["results"][0]["time_s"]
+    assert row["costs_s"]["stop check (allreduce / 5)"] == pytest.approx(torch_small / 5)
+    assert set(row["costs_s"]) >= {"train meters", "loss.item()", "metrics.jsonl step line", "lr schedule"}
+    assert all(positive(v) for v in row["costs_s"].values())
+    assert row["total_s"] == pytest.approx(sum(row["costs_s"].values()))
+
+
+def test_horovod_cycle_measures_the_background_thread(tmp_path):
+    result = bench("horovod_cycle", "--np", "2", "--cycle-ms", "1,20", "--controllers", "gloo", "--idle-s", "1",
+                   "--matmuls", "5", "--out", tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    data = json.loads((tmp_path / "horovod_cycle.json").read_text())
+    assert_machine(data)
+    assert [(r["controller"], r["cycle_time_ms"], r["world_size"]) for r in data["rows"]] == [
+        ("gloo", 1.0, 2), ("gloo", 20.0, 2)]
+    for r in data["rows"]:
+        assert len(r["idle_cpu_per_s"]) == 2 and all(positive(x) for x in r["idle_cpu_per_s"])
+        assert all(positive(x) for x in r["compute_s_with"] + r["compute_s_without"])
