@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from launch import PY, run_cmd
+from launch import BIN, PY, run_cmd
 
 AR_SIZES = [4, 16, 64, 256, 1024, 4096]
 TINY_TRAIN = ["--models", "convnet", "--image-size", "8", "--batch-size", "4", "--steps", "3", "--repeats", "1"]
@@ -218,3 +218,13 @@ def test_horovod_cycle_measures_the_background_thread(tmp_path):
     for r in data["rows"]:
         assert len(r["idle_cpu_per_s"]) == 2 and all(positive(x) for x in r["idle_cpu_per_s"])
         assert all(positive(x) for x in r["compute_s_with"] + r["compute_s_without"])
+
+
+def test_ddp_comm_hook_ab_times_both_variants():
+    result = run_cmd([str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "benchmarks.ddp_comm_hook",
+                      "--image-size", "8", "--batch-size", "4", "--blocks", "1", "--steps", "4"], timeout=300)
+    assert result.returncode == 0, result.output[-3000:]
+    line = next(x for x in result.output.splitlines() if x.startswith("{"))
+    ms = json.loads(line)
+    assert positive(ms["builtin"]) and positive(ms["python_hook"])
+    assert ms["hook_cost"] == pytest.approx(ms["python_hook"] / ms["builtin"] - 1, abs=1e-3)
