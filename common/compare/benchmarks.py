@@ -96,7 +96,8 @@ def markdown(bench: Optional[Dict]) -> List[str]:
                f"timed), median (min–max) of {st['repeats']} repeat(s). Scaling efficiency = throughput(N) / "
                f"(N x throughput(1)); exchange overhead = 1 − throughput(N) / N independent world-size-1 "
                f"processes run together (same per-rank work, no gradient exchange); loop / bare = our DDP "
-               f"loop's step time / the bare DDP loop's (target ≤ 1.02).", ""]
+               f"loop's step time / the bare DDP loop's (target ≤ 1.02); job CPU s = CPU seconds of the "
+               f"whole run, all processes (less disturbed by other load than samples/s).", ""]
         for case in tp["cases"]:
             rows = []
             for key, cell in case["throughput"].items():
@@ -107,10 +108,11 @@ def markdown(bench: Optional[Dict]) -> List[str]:
                 rows.append([label, np, f"{cell['median']:.1f} ({cell['min']:.1f}–{cell['max']:.1f})",
                              "–" if scaling is None else f"{scaling:.2f}",
                              "–" if overhead is None else f"{100 * overhead:.1f}%",
-                             "–" if ratio is None else f"{ratio:.3f}"])
+                             "–" if ratio is None else f"{ratio:.3f}",
+                             "–" if cell.get("job_cpu_s") is None else f"{cell['job_cpu_s']:.0f}"])
             md += [f"**{case['name']}** (image {case['image_size']})", ""]
             md += _table(["run", "world size", "samples/s", "scaling efficiency", "exchange overhead",
-                          "loop / bare"], rows) + [""]
+                          "loop / bare", "job CPU s"], rows) + [""]
         for f in tp.get("failures", []):
             md.append(f"- **FAILED** {f['case']} {f['label']} x{f['world_size']}: {f['error'].splitlines()[0]}")
         if tp.get("plot"):
