@@ -65,7 +65,9 @@ def rejoin(hvd, state, trainer) -> None:
     newest = max(steps)
     if newest < 0:
         # The job starts: every rank built the same model and position; rank 0's weights win, as in wrap().
-        hvd.broadcast_parameters(trainer.plain_model.state_dict(), root_rank=0)
+        from .backend import broadcast_state
+
+        broadcast_state(hvd, trainer.plain_model.state_dict())
         trainer.open_run_dir(keep_until_step=trainer.position.step if trainer.position.resumed_from else None)
         state.keep(trainer.start_state())
         return
