@@ -236,8 +236,14 @@ def parse_config(argv: Optional[Sequence[str]], prog: str, description: str) -> 
 
 def check_config(config: Config) -> None:
     """Checks that need more than one option at a time; raises UsageError."""
-    if config.dataset in ("mnist", "cifar10", "imagefolder") and not config.data_dir:
-        raise UsageError(f"--dataset {config.dataset} needs --data-dir pointing at its files")
+    if config.dataset in ("mnist", "cifar10", "imagefolder"):
+        path = config.data_dir
+        if not path:
+            raise UsageError(f"--dataset {config.dataset} needs --data-dir pointing at its files")
+        if not os.path.isdir(path):
+            raise UsageError(f"--data-dir {path!r} is not a directory; point it at the {config.dataset} files")
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise UsageError(f"--data-dir {path!r} is not readable by this user; fix its permissions")
     if config.pretrained and config.model not in ("resnet18", "resnet50"):
         raise UsageError(f"--pretrained applies to resnet18/resnet50 only, not --model {config.model}")
     if config.pretrained:

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Tuple
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
-from .config import Config, UsageError
+from .config import Config, UsageError, check_config
 
 VAL_FRACTION = 0.2
 
@@ -79,12 +79,9 @@ def _synthetic(config: Config):
 
 
 def _require_dir(config: Config) -> str:
-    path = config.data_dir
-    if not path or not os.path.isdir(path):
-        raise UsageError(f"--data-dir {path!r} is not a directory; point it at the {config.dataset} files")
-    if not os.access(path, os.R_OK | os.X_OK):
-        raise UsageError(f"--data-dir {path!r} is not readable by this user; fix its permissions")
-    return path
+    """--data-dir, which check_config already found to be a readable directory."""
+    check_config(config)
+    return config.data_dir
 
 
 def _mnist(config: Config):
