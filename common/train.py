@@ -397,7 +397,9 @@ class Trainer:
                 meter.load(pos.meter)
             self.model.train()
             epoch_split = TimeSplit()
-            epoch_start = t_prev = clock.now()
+            # data: the wait for the loader alone (from fetch_start); the bookkeeping after a step (logs,
+            # checkpoints, stop checks) counts as compute of the next step, whose time runs from t_prev.
+            epoch_start = t_prev = fetch_start = clock.now()
             batch = skip
             first_step_s = checkpoint_s = 0.0
             bar = epoch_bar(config.progress, backend.is_main, epoch, self.steps_per_epoch, skip // accumulate)
@@ -406,6 +408,7 @@ class Trainer:
                 group = [(self._to_device(images), labels.to(self.device, non_blocking=True))
                          for images, labels in group]
                 t_data = clock.now()
+                data_s = t_data - fetch_start
                 lr = lr_at(config, step, self.steps_per_epoch, self.total_steps, backend.world_size)
                 set_lr(self.optimizer, lr)
                 self.optimizer.zero_grad()  # set_to_none (the default); Horovod takes no argument
@@ -418,7 +421,7 @@ class Trainer:
                 t_end = clock.now()
 
                 comm = backend.take_comm_seconds()
-                epoch_split.add(t_data - t_prev, max(t_end - t_data - comm, 0.0), comm)
+                epoch_split.add(data_s, max(t_end - t_prev - data_s - comm, 0.0), comm)
                 step += 1
                 batch += accumulate
                 steps_this_run += 1
@@ -438,7 +441,7 @@ class Trainer:
                             "(the last good one is kept); lower --lr or check the data")
                     bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
                     self.run_dir.log("step", epoch=epoch, step=step, loss=loss_value, lr=lr, batch=n,
-                                     data_s=t_data - t_prev, step_s=t_end - t_prev, comm_s=comm)
+                                     data_s=data_s, step_s=t_end - t_prev, comm_s=comm)
                 if checkpoint_due:
                     self._save_checkpoint(epoch, batch, step, meter)
                     checkpoint_s += clock.now() - t_end
@@ -452,6 +455,7 @@ class Trainer:
                             self._save_checkpoint(epoch, batch, step, meter)
                         self.run_dir.log("stopped", epoch=epoch, step=step, signal=signum)
                         raise Interrupted(signum, step)
+                fetch_start = clock.now()
                 if step >= self.total_steps:
                     break
             bar.close()
