@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import NoReturn, Optional, Sequence
 
@@ -99,9 +100,20 @@ def _print_error(line: str) -> None:
     print(prefix + line, file=sys.stderr, flush=True)
 
 
+#: how long a rank started by a launcher lingers after its error line before exiting
+SIBLING_GRACE_S = 1.0
+
+
 def fail_usage(prog: str, message: str) -> NoReturn:
-    """Print one error line naming the problem and the fix, then exit with code 2."""
+    """Print one error line naming the problem and the fix, then exit with code 2.
+
+    Under a launcher every rank finds the same bad input at about the same moment; the launcher stops
+    the others as soon as one exits (horovodrun, mpirun), so a rank lingers a moment for the others to
+    print their own line too.
+    """
     _print_error(f"{prog}: error: {message}")
+    if _rank_hint():
+        time.sleep(SIBLING_GRACE_S)
     sys.exit(2)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Tuple
 
 import torch
-from torch.utils.data import DataLoader, default_collate, Dataset, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
 from .config import Config, UsageError, check_config
 
@@ -42,24 +42,10 @@ def _digits(config: Config):
     images, labels = load_digits(return_X_y=True)
     x = torch.tensor(images, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
     x = (x - x.mean()) / x.std()
-    data = BatchedTensors(x, torch.tensor(labels, dtype=torch.long))
+    data = TensorDataset(x, torch.tensor(labels, dtype=torch.long))
     train, val = _seeded_split(data, config.seed)
     return train, val, DataInfo(1, 8, 10)
 
-
-class BatchedTensors(TensorDataset):
-    """In-memory tensors that the DataLoader fetches a whole batch at a time (one index operation
-    instead of a Python call per sample and a stack): for a small model on small images the per-sample
-    path costs more than a tenth of the step. The batch holds the same rows as the per-sample path."""
-
-    def __getitems__(self, indices):
-        index = torch.as_tensor(indices, dtype=torch.long)
-        return tuple(tensor[index] for tensor in self.tensors)
-
-
-def collate(batch):
-    """default_collate, except for a batch that BatchedTensors already made (a tuple of tensors)."""
-    return batch if isinstance(batch, tuple) else default_collate(batch)
 
 
 class SyntheticImages(Dataset):
@@ -82,12 +68,6 @@ class SyntheticImages(Dataset):
     def __getitem__(self, index: int):
         label = int(self.labels[index])
         return self.prototypes[label] + 1.5 * self._noise(index), label
-
-    def __getitems__(self, indices):
-        """A whole batch at once (the DataLoader's batched fetch): the same values as per sample."""
-        noise = torch.stack([self._noise(index) for index in indices])
-        labels = self.labels[torch.as_tensor(indices, dtype=torch.long)]
-        return self.prototypes[labels] + 1.5 * noise, labels
 
     def _noise(self, index: int) -> torch.Tensor:
         return torch.randn(self.shape, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + index))
@@ -224,7 +204,7 @@ def make_loaders(config: Config, train: Dataset, val: Dataset, rank: int, world_
     of steps) and a validation loader over this rank's exact shard."""
     sampler = ResumableSampler(train, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=config.seed, drop_last=False)
-    common = dict(num_workers=config.workers, pin_memory=pin_memory, collate_fn=collate,
+    common = dict(num_workers=config.workers, pin_memory=pin_memory,
                   persistent_workers=config.workers > 0)
     train_loader = DataLoader(train, batch_size=config.batch_size, sampler=sampler, drop_last=False, **common)
     val_loader = DataLoader(ShardedValidation(val, rank, world_size), batch_size=config.batch_size,
