@@ -21,7 +21,7 @@ from typing import Dict, List
 
 import torch
 
-from .jobs import JobFailed, run_job, worker_command
+from .jobs import JobFailed, run_cli, run_job, worker_command
 from .machine import cores, load, machine, print_table, under_load, write_json, csv_ints
 
 #: series name -> launcher that starts it
@@ -227,14 +227,5 @@ def plot(report: Dict, out: Path) -> str:
     return path.name
 
 
-def cli() -> int:
-    """main() for the command line: Ctrl-C stops the running job (and its ranks) and exits 130."""
-    try:
-        return main()
-    except KeyboardInterrupt:
-        print("allreduce: interrupted; the running job was stopped", file=sys.stderr)
-        return 130
-
-
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(run_cli(main, "allreduce"))

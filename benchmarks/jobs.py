@@ -153,3 +153,12 @@ def _tail(log: Path, chars: int = 3000) -> str:
         return log.read_text(errors="replace")[-chars:]
     except OSError:
         return ""
+
+
+def run_cli(main, name: str) -> int:
+    """A benchmark's main() for the command line: Ctrl-C stops the running job (and its ranks) and exits 130."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; the running job was stopped", file=sys.stderr)
+        return 130

@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from common.compare.launchers import LaunchSpec
 from common.config import build_parser as training_parser
 
-from .jobs import JobFailed, children_cpu_s, run_job, run_jobs_together, worker_command
+from .jobs import JobFailed, children_cpu_s, run_cli, run_job, run_jobs_together, worker_command
 from .machine import cores, csv_ints, load, machine, print_table, under_load, write_json
 
 #: label -> (backend, Horovod controller) as common.compare.launchers.LaunchSpec takes them
@@ -397,14 +397,5 @@ def plot(report: Dict, out: Path) -> str:
     return path.name
 
 
-def cli() -> int:
-    """main() for the command line: Ctrl-C stops the running job (and its ranks) and exits 130."""
-    try:
-        return main()
-    except KeyboardInterrupt:
-        print("throughput: interrupted; the running job was stopped", file=sys.stderr)
-        return 130
-
-
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(run_cli(main, "throughput"))
