@@ -15,6 +15,7 @@ step, thread and run-dir options are used.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -91,6 +92,10 @@ def main(argv=None) -> int:
             json.dump(summary, f, indent=2)
         print(f"bare_ddp: {step} steps, {summary['samples_per_s'] or 0:.1f} samples/s, "
               f"run dir {os.path.abspath(config.run_dir)}", flush=True)
+    # Free the DDP reducer (it holds the group and its gloo threads) before the group goes:
+    # left to interpreter exit, those threads can abort the process ("terminate called").
+    model = optimizer = None
+    gc.collect()
     dist.destroy_process_group()
     return 0
 

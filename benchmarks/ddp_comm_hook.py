@@ -10,6 +10,7 @@ and goes hits both alike. Rank 0 prints one JSON line: median ms per step of eac
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -64,6 +65,11 @@ def main(argv=None) -> int:
         ms = {name: round(float(v) * 1e3, 2) for name, v in zip(times, medians)}
         ms["hook_cost"] = round(ms["python_hook"] / ms["builtin"] - 1, 4)
         print(json.dumps(ms), flush=True)
+    # Free the DDP reducers (they hold the group and its gloo threads) before the group goes:
+    # left to interpreter exit, those threads can abort the process ("terminate called").
+    variants.clear()
+    model = opt = None
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
