@@ -9,14 +9,17 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler, SequentialSampler, Subset,
+                              TensorDataset)
 
 from .config import Config, UsageError, check_config
 
 VAL_FRACTION = 0.2
+#: a synthetic set of at most this many bytes is generated once and kept in memory
+SYNTHETIC_KEEP_BYTES = 128 * 2**20
 
 
 @dataclass(frozen=True)
@@ -51,26 +54,38 @@ def _digits(config: Config):
 class SyntheticImages(Dataset):
     """A learnable task of any image shape: a fixed random prototype per class plus noise.
 
-    Samples are generated on access from (seed, index), so any size costs no memory and every
-    rank sees the same sample for the same index.
+    Each sample is a function of (seed, index), so every rank sees the same sample for the same
+    index. A set of at most `keep_bytes` is generated once, when it is opened, and then only
+    indexed (generating the noise would otherwise be a visible share of a small model's step);
+    a larger one is generated on access, so any size fits in memory. A list of indices gives the
+    whole batch at once. Both ways give the same values.
     """
 
-    def __init__(self, samples: int, channels: int, image_size: int, num_classes: int, seed: int):
+    def __init__(self, samples: int, channels: int, image_size: int, num_classes: int, seed: int,
+                 keep_bytes: int = SYNTHETIC_KEEP_BYTES):
         self.samples, self.seed = samples, seed
         self.shape = (channels, image_size, image_size)
         gen = torch.Generator().manual_seed(seed)
         self.prototypes = torch.randn((num_classes, *self.shape), generator=gen)
         self.labels = torch.randint(num_classes, (samples,), generator=gen)
+        self.images = None
+        if samples * channels * image_size * image_size * 4 <= keep_bytes:
+            self.images = self._generate(list(range(samples)))
 
     def __len__(self) -> int:
         return self.samples
 
-    def __getitem__(self, index: int):
-        label = int(self.labels[index])
-        return self.prototypes[label] + 1.5 * self._noise(index), label
+    def __getitem__(self, index):
+        if isinstance(index, list):
+            images = self.images[index] if self.images is not None else self._generate(index)
+            return images, self.labels[index]
+        images = self.images[index] if self.images is not None else self._generate([index])[0]
+        return images, int(self.labels[index])
 
-    def _noise(self, index: int) -> torch.Tensor:
-        return torch.randn(self.shape, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + index))
+    def _generate(self, indices: List[int]) -> torch.Tensor:
+        noise = torch.stack([torch.randn(self.shape, generator=torch.Generator().manual_seed(
+            self.seed * 1_000_003 + i)) for i in indices])
+        return self.prototypes[self.labels[indices]] + 1.5 * noise
 
 
 def _synthetic(config: Config):
@@ -198,15 +213,34 @@ class ResumableSampler(DistributedSampler):
         return self.num_samples - self.skip
 
 
+def fetches_whole_batches(dataset: Dataset) -> bool:
+    """True when `dataset[list_of_indices]` returns the batch itself: in-memory tensors and
+    synthetic images, under any number of Subsets."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return isinstance(dataset, (TensorDataset, SyntheticImages))
+
+
+def _loader(dataset: Dataset, sampler, batch_size: int, **options) -> DataLoader:
+    """A DataLoader yielding (images, labels) batches of `batch_size` in `sampler`'s order.
+
+    Datasets that fetch whole batches get each batch's index list in one call, instead of one
+    call per sample and a collate: the same tensors, without a per-sample cost that would
+    otherwise be a visible share of a small model's step."""
+    if fetches_whole_batches(dataset):
+        return DataLoader(dataset, batch_size=None, sampler=BatchSampler(sampler, batch_size, drop_last=False),
+                          **options)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=False, **options)
+
+
 def make_loaders(config: Config, train: Dataset, val: Dataset, rank: int, world_size: int,
                  pin_memory: bool):
     """Train loader over a DistributedSampler (seeded, padded so every rank has the same number
     of steps) and a validation loader over this rank's exact shard."""
     sampler = ResumableSampler(train, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=config.seed, drop_last=False)
-    common = dict(num_workers=config.workers, pin_memory=pin_memory,
-                  persistent_workers=config.workers > 0)
-    train_loader = DataLoader(train, batch_size=config.batch_size, sampler=sampler, drop_last=False, **common)
-    val_loader = DataLoader(ShardedValidation(val, rank, world_size), batch_size=config.batch_size,
-                            shuffle=False, **common)
+    options = dict(num_workers=config.workers, pin_memory=pin_memory, persistent_workers=config.workers > 0)
+    train_loader = _loader(train, sampler, config.batch_size, **options)
+    shard = ShardedValidation(val, rank, world_size)
+    val_loader = _loader(shard, SequentialSampler(shard), config.batch_size, **options)
     return train_loader, val_loader, sampler

@@ -85,3 +85,35 @@ def test_seed_fixes_the_split_and_synthetic_samples():
     other_seed = open_datasets(Config(dataset="synthetic", image_size=16, synthetic_samples=32, seed=2))[0]
     assert torch.equal(syn[3][0], syn_again[3][0]) and syn[3][1] == syn_again[3][1]
     assert not torch.equal(syn[3][0], other_seed[3][0])
+
+
+@pytest.mark.parametrize("dataset,keep_bytes", [("digits", None), ("synthetic", None), ("synthetic", 0)])
+def test_in_memory_loaders_fetch_whole_batches_with_per_sample_values(dataset, keep_bytes):
+    """Digits and synthetic data are fetched a batch per call (not a sample per call and a
+    collate), and the batches are exactly what a per-sample DataLoader over the same sampler gives,
+    also from a mid-epoch position and for the validation shard."""
+    from torch.utils.data import BatchSampler, DataLoader
+
+    from common.config import Config
+    from common.data import SyntheticImages, make_loaders, open_datasets
+
+    config = Config(dataset=dataset, image_size=12, synthetic_samples=200, batch_size=16, seed=4)
+    train, val, _ = open_datasets(config)
+    if keep_bytes is not None:  # a synthetic set too large to keep: generated batch by batch
+        generated = SyntheticImages(200, 3, 12, 10, 4, keep_bytes=keep_bytes)
+        assert generated.images is None and train.dataset.images is not None
+        assert torch.equal(generated[list(range(200))][0], train.dataset.images)
+        train.dataset, val.dataset = generated, generated
+    train_loader, val_loader, sampler = make_loaders(config, train, val, rank=1, world_size=2, pin_memory=False)
+    for loader in (train_loader, val_loader):
+        assert loader.batch_size is None and isinstance(loader.sampler, BatchSampler)
+    sampler.set_epoch(3)
+    sampler.skip = 5
+    per_sample_train = DataLoader(train, batch_size=16, sampler=list(sampler))
+    per_sample_val = DataLoader(val_loader.dataset, batch_size=16)
+    for fast, plain in ((train_loader, per_sample_train), (val_loader, per_sample_val)):
+        fast_batches, plain_batches = list(fast), list(plain)
+        assert len(fast_batches) == len(plain_batches) == len(fast) > 1
+        for (images, labels), (ref_images, ref_labels) in zip(fast_batches, plain_batches):
+            assert images.dtype == ref_images.dtype and labels.dtype == ref_labels.dtype
+            assert torch.equal(images, ref_images) and torch.equal(labels, ref_labels)
