@@ -29,6 +29,7 @@ class Backend:
         self.bucket_mb = 25.0
         self.accumulate = 1
         self.profile = False
+        self.gradient_bytes = 0
 
     # --- identity ------------------------------------------------------------------------
     @property
@@ -79,15 +80,16 @@ class Backend:
         """Raise common.config.UsageError when this backend cannot run here (before init)."""
 
     def configure(self, *, compression: str = "none", bucket_mb: float = 25.0, accumulate: int = 1,
-                  profile: bool = False) -> None:
+                  profile: bool = False, gradient_bytes: int = 0) -> None:
         """Take the tuning options this backend applies itself; called before init() and wrap().
 
         compression: "none" or "fp16" (gradients travel as float16); bucket_mb: megabytes
         (2**20 bytes) of gradients reduced together; accumulate: backward passes per optimizer
-        step; profile: a trace() will be asked for (some backends must know before init).
+        step; profile: a trace() will be asked for (some backends must know before init);
+        gradient_bytes: what one step reduces (the model's trainable parameters).
         """
-        self.compression, self.bucket_mb, self.accumulate, self.profile = (
-            compression, bucket_mb, accumulate, profile)
+        self.compression, self.bucket_mb, self.accumulate, self.profile, self.gradient_bytes = (
+            compression, bucket_mb, accumulate, profile, gradient_bytes)
 
     def init(self, timeout_s: float) -> None:
         """Join the job (collective). Called once, after inputs were checked. A collective that

@@ -106,3 +106,8 @@ def build_model(name: str, channels: int, image_size: int, num_classes: int, see
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return MODEL_BUILDERS[name](channels, image_size, num_classes)
+
+
+def gradient_bytes(model: nn.Module) -> int:
+    """Bytes of gradients one step produces and the backends reduce: the trainable parameters."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)

@@ -22,7 +22,7 @@ from .backend import Backend
 from .config import AMP_FP16_NEEDS_CUDA, Config, UsageError, fail_usage
 from .data import make_loaders, open_datasets
 from .metrics import Clock, SumMeter, TimeSplit, topk_correct
-from .models import build_model, check_model_fits
+from .models import build_model, check_model_fits, gradient_bytes
 from .optim import lr_at, make_optimizer, set_lr
 from .precision import Precision
 from .profiling import PROFILE_DIR, StepProfiler
@@ -112,8 +112,11 @@ class Trainer:
         config = self.config
         if config.amp == "fp16" and self.backend.device.type != "cuda":
             fail_usage(self.prog, AMP_FP16_NEEDS_CUDA)
+        # Built before init: the backend may tune itself to the model's size (Horovod's cycle time).
+        self._initial_model = build_model(config.model, info.channels, info.image_size, info.num_classes, config.seed)
         self.backend.configure(compression=config.compression, bucket_mb=config.bucket_mb,
-                               accumulate=config.accumulate, profile=config.profile > 0)
+                               accumulate=config.accumulate, profile=config.profile > 0,
+                               gradient_bytes=gradient_bytes(self._initial_model))
         self.stop_signal: Optional[int] = None
         try:
             self.backend.init(self.config.timeout)
@@ -195,7 +198,7 @@ class Trainer:
                          "batch_size": config.batch_size, "seed": config.seed, "lr": config.lr,
                          "lr_scaling": config.lr_scaling, "accumulate": config.accumulate}
 
-        model = build_model(config.model, info.channels, info.image_size, info.num_classes, config.seed)
+        model, self._initial_model = self._initial_model, None
         loaded = self._load_checkpoint()
         if loaded is not None:
             model.load_state_dict(loaded["model"])

@@ -15,6 +15,13 @@ from common.backend import Backend, env_int
 from common.config import UsageError
 from common.profiling import Trace
 
+#: On CPU, Horovod's background thread takes a share of a core every cycle (HOROVOD_CYCLE_TIME), and
+#: that share comes out of the ranks' compute. A model with at least this many bytes of gradients has
+#: steps long enough that a longer cycle costs it no measurable latency and gives the share back
+#: (BENCHMARKS.md, "Horovod scaling"); a small model keeps Horovod's 1 ms, its steps are milliseconds.
+LONG_CYCLE_MIN_GRADIENT_BYTES = 16 * 2**20
+LONG_CYCLE_MS = 5
+
 HOROVOD_MISSING = ("Horovod is not importable in this environment ({error}); run `make setup`, which "
                    "builds horovod 0.28.1 against this torch, or use ddp_train")
 
@@ -82,10 +89,28 @@ class HorovodBackend(Backend):
         if self._env_fusion_threshold not in (None, os.environ["HOROVOD_FUSION_THRESHOLD"]) and self._env_rank == 0:
             print(f"hvd_train: HOROVOD_FUSION_THRESHOLD={self._env_fusion_threshold} is overridden by --bucket-mb "
                   f"{self.bucket_mb:g} ({self.fusion_threshold_bytes} bytes)", flush=True)
+        self._choose_cycle_time()
         if self.profile:
             # hvd.start_timeline() works only when the timeline was enabled at init.
             os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
         self.hvd.init()
+
+    def _choose_cycle_time(self) -> None:
+        """HOROVOD_CYCLE_TIME as given (horovodrun --cycle-time-ms sets it too); when unset, a longer
+        cycle for a large model trained on CPU, else Horovod's own default. Read by hvd.init()."""
+        mb = self.gradient_bytes / 2**20
+        if not os.environ.get("HOROVOD_CYCLE_TIME"):
+            os.environ.pop("HOROVOD_CYCLE_TIME", None)  # empty: Horovod would read 0 ms, a busy loop
+        if os.environ.get("HOROVOD_CYCLE_TIME"):
+            self.cycle_time_source = "environment"
+        elif self.gradient_bytes >= LONG_CYCLE_MIN_GRADIENT_BYTES and self.device.type == "cpu":
+            os.environ["HOROVOD_CYCLE_TIME"] = str(LONG_CYCLE_MS)
+            self.cycle_time_source = f"hvd_train: {mb:.0f} MB of gradients on CPU"
+            if self._env_rank == 0:
+                print(f"hvd_train: HOROVOD_CYCLE_TIME={LONG_CYCLE_MS} (the model has {mb:.0f} MB of gradients and "
+                      "trains on CPU); set HOROVOD_CYCLE_TIME to choose another", flush=True)
+        else:
+            self.cycle_time_source = "Horovod's default"
 
     def shutdown(self) -> None:
         if self._initialised():
@@ -100,6 +125,7 @@ class HorovodBackend(Backend):
             "fusion_threshold_bytes": env_int("HOROVOD_FUSION_THRESHOLD", default=64 * 1024 * 1024),
             "fusion_threshold_env_overridden": getattr(self, "_env_fusion_threshold", None),
             "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", "1") or 1),
+            "cycle_time_source": getattr(self, "cycle_time_source", None),
             "compression": self.compression,
             "gradient_average": ("float16: allreduce sum, then scale by 1/world size (Compression.fp16, op=Average)"
                                  if self.compression == "fp16" else

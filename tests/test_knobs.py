@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from launch import PY, launch, max_abs_diff, read_run, run_cmd, step_losses
+from launch import PY, command, launch, max_abs_diff, read_run, run_cmd, step_losses
 
 # World size 2, batch 32: 23 batches per rank and epoch; 16 steps cross an epoch boundary even at
 # --accumulate 2 (11 steps per epoch).
@@ -245,3 +245,23 @@ def test_grad_scaler_state_survives_a_checkpoint(tmp_path):
     after.load_state_dict(verified_load(path)["scaler"])
     assert after.state_dict() == saved
     assert Precision("bf16", torch.device("cpu")).state_dict() is None  # no scaler: nothing saved
+
+
+def test_horovod_cycle_time_follows_the_model_size_unless_the_user_sets_it(runs, tmp_path):
+    """On CPU, a model with at least 16 MB of gradients gets a 5 ms Horovod cycle (its background
+    thread then takes less of the cores the ranks compute on), a small one Horovod's own 1 ms, and
+    `horovodrun --cycle-time-ms` (HOROVOD_CYCLE_TIME) always wins."""
+    small = runs("horovodrun-gloo", "baseline")["config"]["backend"]
+    assert (small["cycle_time_ms"], small["cycle_time_source"]) == (1.0, "Horovod's default")
+    resnet = ["--model", "resnet18", "--dataset", "synthetic", "--image-size", "32", "--synthetic-samples", "64",
+              "--batch-size", "4", "--epochs", "1", "--max-steps", "1", "--threads", "1"]
+    chosen = tmp_path / "chosen"
+    result = launch("horovodrun-gloo", 2, resnet + ["--run-dir", str(chosen)]).check()
+    assert result.output.count("hvd_train: HOROVOD_CYCLE_TIME=5 (the model has 43 MB of gradients") == 1
+    backend = json.loads((chosen / "config.json").read_text())["backend"]
+    assert (backend["cycle_time_ms"], backend["cycle_time_source"]) == (5.0, "hvd_train: 43 MB of gradients on CPU")
+    given = tmp_path / "given"
+    cmd = command("horovodrun-gloo", 2, resnet + ["--run-dir", str(given)])
+    run_cmd(cmd[:1] + ["--cycle-time-ms", "2"] + cmd[1:]).check()
+    backend = json.loads((given / "config.json").read_text())["backend"]
+    assert (backend["cycle_time_ms"], backend["cycle_time_source"]) == (2.0, "environment")
