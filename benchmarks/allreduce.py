@@ -1,5 +1,6 @@
-"""Allreduce latency and bus bandwidth against message size, for torch.distributed (torchrun) and
-Horovod (horovodrun --gloo / --mpi), next to the machine's memory-copy bandwidth as the limit.
+"""Allreduce latency and bus bandwidth against message size, for torch.distributed (torchrun),
+Horovod (horovodrun --gloo / --mpi) and Open MPI alone (mpirun, mpi4py: what Horovod's MPI
+controller calls underneath), next to the machine's memory-copy bandwidth as the limit.
 
     python -m benchmarks.allreduce --np 2,4 --out benchmarks/results
     python -m benchmarks.allreduce --np 2 --min-bytes 4 --max-bytes 1M --iters 2 --out /tmp/ar
@@ -25,7 +26,9 @@ from .jobs import JobFailed, run_cli, run_job, worker_command
 from .machine import cores, load, machine, print_table, under_load, write_json, csv_ints
 
 #: series name -> launcher that starts it
-SERIES = {"torch": "torchrun", "horovod-gloo": "horovodrun-gloo", "horovod-mpi": "horovodrun-mpi"}
+SERIES = {"torch": "torchrun", "horovod-gloo": "horovodrun-gloo", "horovod-mpi": "horovodrun-mpi", "mpi": "mpirun"}
+#: series name -> allreduce_worker --backend
+WORKER_BACKEND = {"torch": "torch", "horovod-gloo": "horovod", "horovod-mpi": "horovod", "mpi": "mpi"}
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
 
@@ -133,7 +136,7 @@ def main(argv=None) -> int:
             launcher = SERIES[name]
             result_file = out / f"allreduce-{name}-{np}.part.json"
             cmd = worker_command(launcher, np, "benchmarks.allreduce_worker",
-                                 ["--backend", "torch" if name == "torch" else "horovod",
+                                 ["--backend", WORKER_BACKEND[name],
                                   "--result", str(result_file.resolve()), *worker_args])
             print(f"allreduce: {name} x{np} via {launcher} ...", flush=True)
             try:

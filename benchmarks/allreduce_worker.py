@@ -5,6 +5,7 @@ Rank 0 writes the results as JSON to --result.
 
     torchrun --standalone --nproc-per-node 2 -m benchmarks.allreduce_worker --backend torch --result r.json
     horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.allreduce_worker --backend horovod --result r.json
+    mpirun -np 2 python -m benchmarks.allreduce_worker --backend mpi --result r.json
 """
 
 from __future__ import annotations
@@ -98,6 +99,34 @@ class HorovodComm:
         self.hvd.shutdown()
 
 
+class MPIComm:
+    """Open MPI alone (mpi4py, MPI_Allreduce in place on the tensor's memory): what Horovod's MPI
+    controller calls underneath, without Horovod's background thread, negotiation and fusion."""
+
+    def __init__(self) -> None:
+        from mpi4py import MPI
+
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        self.device = torch.device("cpu")
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.name = "mpi"
+
+    def allreduce(self, tensor: torch.Tensor, key: str) -> None:
+        self.comm.Allreduce(self.MPI.IN_PLACE, tensor.numpy(), op=self.MPI.SUM)
+
+    def sync(self) -> None:
+        pass
+
+    def max(self, value: float) -> float:
+        return float(self.comm.allreduce(value, op=self.MPI.MAX))
+
+    def shutdown(self) -> None:
+        pass  # mpi4py finalizes MPI at exit
+
+
+COMMS = {"torch": TorchComm, "horovod": HorovodComm, "mpi": MPIComm}
+
+
 def measure(comm, sizes: List[int], warmup: int, iters: Callable[[int], int]) -> List[dict]:
     """Time allreduce at each size; seconds per op is the max over ranks of each rank's mean."""
     results = []
@@ -126,7 +155,7 @@ def measure(comm, sizes: List[int], warmup: int, iters: Callable[[int], int]) ->
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.allreduce_worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", choices=("torch", "horovod"), required=True)
+    p.add_argument("--backend", choices=tuple(COMMS), required=True)
     p.add_argument("--result", type=Path, required=True, help="JSON file rank 0 writes")
     p.add_argument("--min-bytes", type=int, default=4)
     p.add_argument("--max-bytes", type=int, default=256 * 2**20)
@@ -137,7 +166,7 @@ def main(argv=None) -> int:
                    help="without --iters: about this many MB reduced per size, 5 to 200 iterations")
     args = p.parse_args(argv)
 
-    comm = TorchComm() if args.backend == "torch" else HorovodComm()
+    comm = COMMS[args.backend]()
     # Same intra-op threads per rank under every launcher (torchrun sets 1, horovodrun nothing).
     local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("HOROVOD_LOCAL_SIZE")
                 or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or comm.size)

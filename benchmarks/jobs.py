@@ -17,7 +17,7 @@ from common.compare.launchers import mpi_flags
 from .machine import REPO
 
 #: the launchers a benchmark can start a worker module with
-LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi")
+LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
 
 
 def tool(name: str) -> str:
@@ -36,6 +36,8 @@ def worker_command(launcher: str, np: int, module: str, args: Sequence[str]) -> 
         if controller == "mpi":
             cmd.append("--mpi-args=" + " ".join(mpi_flags()))
         return cmd + [sys.executable, "-m", module, *args]
+    if launcher == "mpirun":
+        return [tool("mpirun"), *mpi_flags(), "-np", str(np), sys.executable, "-m", module, *args]
     raise ValueError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
 
 

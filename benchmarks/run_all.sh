@@ -28,9 +28,22 @@ else
   "$PY" -m benchmarks.throughput --np 1,2,4 --models convnet,resnet18 \
       --image-size convnet=32,resnet18=224 --batch-size 16 --steps 12 --repeats 3 \
       --backends ddp,horovod-gloo,horovod-mpi --out "$OUT"
-  # Horovod's cycle time against its scaling (resnet18 224x224, world sizes 1 and 2).
-  "$PY" -m benchmarks.throughput --np 1,2 --models resnet18 --image-size 224 --batch-size 16 --steps 12 \
-      --repeats 3 --backends ddp,horovod-gloo --sweep HOROVOD_CYCLE_TIME=1,5,10 --out "$OUT/hvd-cycle"
+  # Scaling at one thread per rank (the CPU analogue of one GPU per rank): the scaling target.
+  "$PY" -m benchmarks.throughput --np 1,2 --models resnet18 --image-size 224 --batch-size 16 --steps 10 \
+      --repeats 2 --backends ddp,horovod-gloo --baselines none --sweep HOROVOD_CYCLE_TIME=1,5 \
+      --out "$OUT/scaling-1thread" -- --threads 1
+  # Horovod's cycle time against its scaling: resnet18 at 224x224 and at 32x32.
+  "$PY" -m benchmarks.throughput --np 1,2 --models resnet18 --image-size 224 --batch-size 16 --steps 10 \
+      --repeats 2 --backends horovod-gloo --baselines none --sweep HOROVOD_CYCLE_TIME=1,5,10,20 \
+      --out "$OUT/horovod_cycle_scaling" -- --threads 1
+  "$PY" -m benchmarks.throughput --np 2 --models resnet18 --image-size 32 --batch-size 16 --steps 40 \
+      --repeats 3 --backends horovod-gloo --baselines none --sweep HOROVOD_CYCLE_TIME=1,5 \
+      --out "$OUT/horovod_cycle_scaling_32" -- --threads 1
+  # Data wait on the in-memory digits and on small synthetic images: the data-wait target.
+  "$PY" -m benchmarks.throughput --np 1,2 --models convnet --dataset digits --batch-size 16 --steps 40 \
+      --repeats 3 --baselines none --out "$OUT/data-wait-digits"
+  "$PY" -m benchmarks.throughput --np 1,2 --models convnet --image-size 32 --batch-size 16 --steps 40 \
+      --repeats 3 --baselines none --out "$OUT/data-wait-synthetic"
 fi
 
 # The comparison report on the embedded default, with the benchmark section added.

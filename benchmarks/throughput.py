@@ -3,10 +3,12 @@
     python -m benchmarks.throughput --np 1,2 --models convnet,resnet18 --out benchmarks/results
     python -m benchmarks.throughput --np 2 --models resnet18 --sweep bucket-mb=4,25 -- --amp bf16
     python -m benchmarks.throughput --np 2 --backends horovod-gloo --sweep HOROVOD_CYCLE_TIME=1,5
+    python -m benchmarks.throughput --np 1,2 --models convnet --dataset digits --steps 40
 
 Each run is `python -m ddp_train` under torchrun or `python -m hvd_train` under horovodrun on
-synthetic data at a fixed per-rank batch; its samples/s is read from summary.json (the first step
-is excluded). Reported per model and setting, median and spread over --repeats:
+synthetic data (or the digits) at a fixed per-rank batch; its samples/s is read from summary.json
+(the first step is excluded), and its time split (data wait / compute / exposed communication)
+from the same file. Reported per model and setting, median and spread over --repeats:
 
 - scaling efficiency: throughput(N) / (N x throughput(1)), each backend against its own one process;
 - exchange overhead: 1 - throughput(N) / throughput of N independent world-size-1 processes started
@@ -43,6 +45,8 @@ from .machine import cores, csv_ints, load, machine, print_table, under_load, wr
 BACKENDS = {"ddp": ("ddp", None), "horovod-gloo": ("horovod", "gloo"), "horovod-mpi": ("horovod", "mpi")}
 BASELINES = ("bare", "independent")
 VAL_FRACTION = 0.2  # common.data's train/validation split
+DATASETS = ("synthetic", "digits")
+DIGITS_IMAGE_SIZE = 8
 
 
 @dataclass
@@ -117,8 +121,10 @@ def build_cli() -> argparse.ArgumentParser:
     p.add_argument("--np", dest="world_sizes", type=csv_ints, default=[1, 2, 4], help="world sizes, e.g. 1,2,4")
     p.add_argument("--backends", default="ddp,horovod-gloo", help=f"comma-separated, from {', '.join(BACKENDS)}")
     p.add_argument("--models", default="convnet,resnet18", help="comma-separated models")
-    p.add_argument("--image-size", type=parse_image_sizes, default=parse_image_sizes("convnet=32,resnet18=224"),
-                   help="synthetic image size: one for all (64) or per model (convnet=32,resnet18=224)")
+    p.add_argument("--dataset", choices=DATASETS, default="synthetic",
+                   help="synthetic (any --image-size) or digits (8x8 images, in memory: the data-wait case)")
+    p.add_argument("--image-size", type=parse_image_sizes, default=None,
+                   help="synthetic image size: one for all (64) or per model (default convnet=32,resnet18=224)")
     p.add_argument("--batch-size", type=int, default=16, help="per-rank batch (fixed across world sizes)")
     p.add_argument("--steps", type=int, default=12, help="optimizer steps per run (the first is not timed)")
     p.add_argument("--repeats", type=int, default=3, help="runs of every cell, interleaved; median and spread")
@@ -162,7 +168,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if clash:
         return _fail(f"{', '.join(clash)} after -- is set by the benchmark; use its own options instead")
 
-    sizes = args.image_size
+    if args.dataset == "digits":
+        if args.image_size is not None:
+            return _fail("--image-size is for synthetic data; the digits are 8x8 images")
+        sizes = {"*": DIGITS_IMAGE_SIZE}
+        from common.models import MIN_IMAGE_SIZE
+
+        too_big = [m for m in models if MIN_IMAGE_SIZE.get(m, 1) > DIGITS_IMAGE_SIZE]
+        if too_big:
+            return _fail(f"--models {','.join(too_big)} needs larger images than the digits' 8x8; "
+                         "use e.g. --models convnet,mlp")
+        steps_per_epoch = digits_steps_per_epoch(args.batch_size, max(args.world_sizes))
+        if args.steps > steps_per_epoch:
+            return _fail(f"--steps {args.steps} is more than the {steps_per_epoch} steps of one digits epoch at "
+                         f"world size {max(args.world_sizes)} and batch {args.batch_size}; lower --steps or --batch-size")
+    else:
+        sizes = args.image_size or parse_image_sizes("convnet=32,resnet18=224")
     cases: List[Case] = []
     for model in models:
         size = sizes.get(model, sizes.get("*"))
@@ -190,7 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "load_before": load_before, "load_after": load(), "under_load": under_load(load_before, cores()),
               "settings": {"world_sizes": args.world_sizes, "backends": backends, "batch_size": args.batch_size,
                            "steps": args.steps, "repeats": args.repeats, "extra_train_args": extra,
-                           "dataset": "synthetic"},
+                           "dataset": args.dataset},
               "definitions": DEFINITIONS, "cases": bench.cases, "failures": bench.failures}
     report["plot"] = plot(report, args.out)
     write_json(args.out / "throughput.json", report)
@@ -210,9 +231,22 @@ DEFINITIONS = {
 }
 
 
+def digits_steps_per_epoch(batch_size: int, world_size: int) -> int:
+    """Steps each rank takes in one epoch of the digits' training split at this world size."""
+    from common.config import Config
+    from common.data import open_datasets
+
+    train, _, _ = open_datasets(Config(dataset="digits"))
+    return math.ceil(math.ceil(len(train) / world_size) / batch_size)
+
+
 def base_args(case: Case, args, world_size: int, run_dir: Path) -> List[str]:
-    """Training options of one run: synthetic data large enough that every rank, at the largest
-    world size, takes all its steps within one epoch (no epoch boundary inside the timing)."""
+    """Training options of one run: data large enough that every rank, at the largest world size,
+    takes all its steps within one epoch (no epoch boundary inside the timing); main() checks that
+    the digits are."""
+    if args.dataset == "digits":
+        return ["--model", case.model, "--dataset", "digits", "--batch-size", str(args.batch_size), "--epochs", "1",
+                "--max-steps", str(args.steps), "--run-dir", str(run_dir)]
     per_rank = (args.steps + 1) * args.batch_size
     samples = math.ceil(per_rank * max(args.world_sizes) / (1 - VAL_FRACTION)) + 1
     return ["--model", case.model, "--dataset", "synthetic", "--image-size", str(case.image_size),
@@ -327,7 +361,8 @@ def summarise(case: Case, runs: List[Dict], backends: List[str]) -> Dict:
 def print_summary(report: Dict) -> None:
     """Per case: samples/s, scaling efficiency, exchange overhead and the loop ratio per cell."""
     for case in report["cases"]:
-        print(f"\n{case['name']} (image {case['image_size']}, per-rank batch {report['settings']['batch_size']})")
+        print(f"\n{case['name']} ({report['settings']['dataset']}, image {case['image_size']}, "
+              f"per-rank batch {report['settings']['batch_size']})")
         rows = []
         for key, cell in case["throughput"].items():
             label, np = key.split("@")
@@ -336,9 +371,10 @@ def print_summary(report: Dict) -> None:
                          _pct(case["scaling_efficiency"].get(label, {}).get(np), ratio=True),
                          _pct(case["exchange_overhead"].get(label, {}).get(np)),
                          f"{case['loop_ratio'][np]:.3f}" if label == "ddp" and np in case["loop_ratio"] else "",
-                         _ms(split.get("comm_ms")), _ms(split.get("step_ms")), f"{cell['job_cpu_s']:.0f}"])
+                         _ms(split.get("comm_ms")), _ms(split.get("step_ms")), _pct(split.get("data_frac")),
+                         f"{cell['job_cpu_s']:.0f}"])
         print_table(["run", "np", "samples/s", "min-max", "scaling", "exch.ovh", "loop/bare", "comm ms",
-                     "step ms", "job CPU s"], rows)
+                     "step ms", "data %", "job CPU s"], rows)
     for f in report["failures"]:
         print(f"FAILED {f['case']} {f['label']} x{f['world_size']} #{f['repeat']}: {f['error'].splitlines()[0]}")
     if report["under_load"]:

@@ -67,7 +67,8 @@ def test_allreduce_measures_every_backend_at_every_size(allreduce_out):
     assert positive(data["memcpy"]["cpu_1thread_GBps"]) and positive(data["memcpy"]["limit_GBps"])
     # One series per backend, each launched through its real launcher.
     assert sorted((s["name"], s["launcher"], s["world_size"]) for s in data["series"]) == [
-        ("horovod-gloo", "horovodrun-gloo", 2), ("horovod-mpi", "horovodrun-mpi", 2), ("torch-gloo", "torchrun", 2)]
+        ("horovod-gloo", "horovodrun-gloo", 2), ("horovod-mpi", "horovodrun-mpi", 2), ("mpi", "mpirun", 2),
+        ("torch-gloo", "torchrun", 2)]
     for s in data["series"]:
         assert [r["bytes"] for r in s["results"]] == AR_SIZES
         for r in s["results"]:
@@ -228,3 +229,30 @@ def test_ddp_comm_hook_ab_times_both_variants():
     ms = json.loads(line)
     assert positive(ms["builtin"]) and positive(ms["python_hook"])
     assert ms["hook_cost"] == pytest.approx(ms["python_hook"] / ms["builtin"] - 1, abs=1e-3)
+
+
+def test_throughput_on_digits_reports_the_data_wait(tmp_path):
+    result = bench("throughput", "--np", "2", "--models", "convnet", "--dataset", "digits", "--batch-size", "8",
+                   "--steps", "3", "--repeats", "1", "--backends", "ddp", "--baselines", "none",
+                   "--out", tmp_path, "--work", tmp_path / "runs")
+    assert result.returncode == 0, result.output[-4000:]
+    data = json.loads((tmp_path / "throughput.json").read_text())
+    assert data["settings"]["dataset"] == "digits"
+    (case,) = data["cases"]
+    assert case["image_size"] == 8
+    (run,) = case["runs"]
+    assert json.loads((Path(run["run_dirs"][0]) / "config.json").read_text())["config"]["dataset"] == "digits"
+    split = case["time_split"]["ddp@2"]
+    assert 0 < split["data_frac"] < 1 and positive(split["data_ms"])
+    assert "(digits, image 8," in result.output and "data %" in result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--models", "resnet18"], "--models resnet18 needs larger images than the digits' 8x8"),
+    (["--models", "convnet", "--image-size", "8"], "--image-size is for synthetic data"),
+    (["--models", "convnet", "--steps", "500"], "is more than the 45 steps of one digits epoch"),
+])
+def test_throughput_refuses_digits_settings_it_cannot_run(tmp_path, args, message):
+    result = bench("throughput", "--np", "2", "--dataset", "digits", *args, "--out", tmp_path, timeout=60)
+    assert result.returncode == 2 and message in result.output
+    assert not (tmp_path / "throughput.json").exists()
