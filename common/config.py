@@ -100,8 +100,9 @@ def _print_error(line: str) -> None:
     print(prefix + line, file=sys.stderr, flush=True)
 
 
-#: how long a rank started by a launcher lingers after its error line before exiting
-SIBLING_GRACE_S = 1.0
+#: how long a rank started by a launcher lingers after its error line before exiting: on a loaded
+#: machine a sibling's Python start-up can lag by more than a second
+SIBLING_GRACE_S = 3.0
 
 
 def fail_usage(prog: str, message: str) -> NoReturn:
