@@ -64,13 +64,6 @@ class TimeSplit:
         self.comm += comm
         self.steps += 1
 
-    def merge(self, other: "TimeSplit") -> None:
-        """Add another split into this one."""
-        self.data += other.data
-        self.compute += other.compute
-        self.comm += other.comm
-        self.steps += other.steps
-
     @property
     def total(self) -> float:
         return self.data + self.compute + self.comm

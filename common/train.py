@@ -381,7 +381,9 @@ class Trainer:
         config, backend, pos = self.config, self.backend, self.position
         accumulate = config.accumulate
         clock = Clock(self.device)
-        split = TimeSplit()
+        # The run's time split leaves out its first step (allocation, warm-up), as samples/s does;
+        # a run of one step reports that step.
+        split, first_split = TimeSplit(), TimeSplit()
         last_eval: Dict[str, float] = {}
         last_train: Dict[str, float] = {}
         train_seconds = timed_samples = 0.0
@@ -424,7 +426,9 @@ class Trainer:
                 t_end = clock.now()
 
                 comm = backend.take_comm_seconds()
-                epoch_split.add(data_s, max(t_end - t_prev - data_s - comm, 0.0), comm)
+                phases = (data_s, max(t_end - t_prev - data_s - comm, 0.0), comm)
+                epoch_split.add(*phases)
+                (split if steps_this_run else first_split).add(*phases)
                 step += 1
                 batch += accumulate
                 steps_this_run += 1
@@ -473,7 +477,6 @@ class Trainer:
             if epoch_split.steps > (1 if warm else 0):
                 train_seconds += epoch_seconds - warm - checkpoint_s
                 timed_samples += epoch_samples - (self.global_batch if warm else 0)
-            split.merge(epoch_split)
 
             record = {"epoch": epoch, "step": step, "train_loss": train["loss"], "train_top1": train["correct"],
                       "lr": lr_at(config, max(step - 1, 0), self.steps_per_epoch, self.total_steps,
@@ -498,7 +501,8 @@ class Trainer:
         self.profiler.close()
         if not last_eval:
             last_eval = self.evaluate()
-        return self._finish(step, epochs_done, split, last_train, last_eval, train_seconds, timed_samples)
+        return self._finish(step, epochs_done, split if split.steps else first_split, last_train, last_eval,
+                            train_seconds, timed_samples)
 
     def _finish(self, step, epochs_done, split, last_train, last_eval, train_seconds, timed_samples) -> int:
         backend, config = self.backend, self.config

@@ -51,6 +51,8 @@ def test_launcher_writes_complete_run_dir(runs, launcher, setting):
     assert summary["world_size"] == np == config["world_size"]
     assert summary["steps"] == 30
     assert set(summary["time_split"]) >= {"data_ms", "compute_ms", "comm_ms", "step_ms"}
+    # Like samples_per_s, the run's time split leaves out the first (warm-up) step.
+    assert summary["time_split"]["steps"] == 29
     assert 0 <= summary["val_top1"] <= summary["val_top5"] <= 1
 
     assert config["config"]["model"] == setting.split("-")[0]
