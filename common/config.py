@@ -82,8 +82,7 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line (prog: error: ...) and exits 2."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        _print_error(f"{self.prog}: error: {message} (see --help)")
-        sys.exit(2)
+        fail_usage(self.prog, f"{message} (see --help)")
 
 
 def _rank_hint() -> str:
