@@ -46,7 +46,6 @@ BACKENDS = {"ddp": ("ddp", None), "horovod-gloo": ("horovod", "gloo"), "horovod-
 BASELINES = ("bare", "independent")
 VAL_FRACTION = 0.2  # common.data's train/validation split
 DATASETS = ("synthetic", "digits")
-DIGITS_IMAGE_SIZE = 8
 
 
 @dataclass
@@ -171,14 +170,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.dataset == "digits":
         if args.image_size is not None:
             return _fail("--image-size is for synthetic data; the digits are 8x8 images")
-        sizes = {"*": DIGITS_IMAGE_SIZE}
         from common.models import MIN_IMAGE_SIZE
 
-        too_big = [m for m in models if MIN_IMAGE_SIZE.get(m, 1) > DIGITS_IMAGE_SIZE]
+        train_samples, side = digits_shape()
+        sizes = {"*": side}
+        too_big = [m for m in models if MIN_IMAGE_SIZE.get(m, 1) > side]
         if too_big:
-            return _fail(f"--models {','.join(too_big)} needs larger images than the digits' 8x8; "
+            return _fail(f"--models {','.join(too_big)} needs larger images than the digits' {side}x{side}; "
                          "use e.g. --models convnet,mlp")
-        steps_per_epoch = digits_steps_per_epoch(args.batch_size, max(args.world_sizes))
+        steps_per_epoch = math.ceil(math.ceil(train_samples / max(args.world_sizes)) / args.batch_size)
         if args.steps > steps_per_epoch:
             return _fail(f"--steps {args.steps} is more than the {steps_per_epoch} steps of one digits epoch at "
                          f"world size {max(args.world_sizes)} and batch {args.batch_size}; lower --steps or --batch-size")
@@ -231,13 +231,13 @@ DEFINITIONS = {
 }
 
 
-def digits_steps_per_epoch(batch_size: int, world_size: int) -> int:
-    """Steps each rank takes in one epoch of the digits' training split at this world size."""
+def digits_shape() -> Tuple[int, int]:
+    """(samples in the training split, image side) of the digits, as training opens them."""
     from common.config import Config
     from common.data import open_datasets
 
-    train, _, _ = open_datasets(Config(dataset="digits"))
-    return math.ceil(math.ceil(len(train) / world_size) / batch_size)
+    train, _, info = open_datasets(Config(dataset="digits"))
+    return len(train), info.image_size
 
 
 def base_args(case: Case, args, world_size: int, run_dir: Path) -> List[str]:
