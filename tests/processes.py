@@ -33,15 +33,20 @@ class Job:
         return "".join(self.lines)
 
     def wait_for(self, pattern: str, timeout: float = 120) -> None:
+        """Until the output matches `pattern`; the job is killed and the test fails if it never does."""
+        self.wait_until(lambda: re.search(pattern, self.output), f"never printed {pattern!r}", timeout)
+
+    def wait_until(self, condition, failure: str, timeout: float = 120) -> None:
+        """Until `condition()` holds while the job runs; else the job is killed and the test fails."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if re.search(pattern, self.output):
+            if condition():
                 return
             if self.proc.poll() is not None:
                 break
-            time.sleep(0.1)
+            time.sleep(0.05)
         self.kill()
-        raise AssertionError(f"never printed {pattern!r}:\n{self.output[-3000:]}")
+        raise AssertionError(f"{failure}:\n{self.output[-3000:]}")
 
     def wait(self, timeout: float) -> int:
         try:

@@ -25,7 +25,10 @@ def test_elastic_job_loses_a_worker_and_finishes_from_the_last_commit(tmp_path):
     run_dir = tmp_path / "elastic"
     job = Job([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
                "--host-discovery-script", str(discover), PY, "-m", "hvd_train", *ARGS, "--run-dir", str(run_dir)])
-    job.wait_for(r"epoch 2 step")
+    # Kill once the end of the second epoch is on disk: rank 0 keeps a state in memory right after writing
+    # its file, with no collective in between, so that epoch-end commit is there to go back to.
+    second_epoch_end = run_dir / "checkpoints" / f"ckpt-{2 * STEPS_PER_EPOCH_2:09d}.pt"
+    job.wait_until(second_epoch_end.exists, f"never wrote {second_epoch_end.name}")
     worker(str(run_dir), 1).kill()  # its host is blacklisted by the driver; the job goes on without it
     killed = time.monotonic()
     assert job.wait(timeout=240) == 0, job.output[-4000:]
