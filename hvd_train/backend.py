@@ -122,7 +122,7 @@ class HorovodBackend(Backend):
             "name": self.name,
             "controller": "gloo" if hvd.gloo_enabled() else ("mpi" if hvd.mpi_enabled() else "unknown"),
             "nccl_built": bool(hvd.nccl_built()),
-            "fusion_threshold_bytes": env_int("HOROVOD_FUSION_THRESHOLD", default=64 * 1024 * 1024),
+            "fusion_threshold_bytes": self.fusion_threshold_bytes,  # init() always sets it from --bucket-mb
             "fusion_threshold_env_overridden": getattr(self, "_env_fusion_threshold", None),
             "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", "1") or 1),
             "cycle_time_source": getattr(self, "cycle_time_source", None),
