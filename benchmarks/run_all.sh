@@ -41,9 +41,9 @@ else
       --out "$OUT/horovod_cycle_scaling_32" -- --threads 1
   # Data wait on the in-memory digits and on small synthetic images: the data-wait target.
   "$PY" -m benchmarks.throughput --np 1,2 --models convnet --dataset digits --batch-size 16 --steps 40 \
-      --repeats 3 --baselines none --out "$OUT/data-wait-digits"
+      --repeats 5 --baselines none --out "$OUT/data-wait-digits"
   "$PY" -m benchmarks.throughput --np 1,2 --models convnet --image-size 32 --batch-size 16 --steps 40 \
-      --repeats 3 --baselines none --out "$OUT/data-wait-synthetic"
+      --repeats 5 --baselines none --out "$OUT/data-wait-synthetic"
 fi
 
 # The comparison report on the embedded default, with the benchmark section added.

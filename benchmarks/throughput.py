@@ -228,6 +228,7 @@ DEFINITIONS = {
     "loop_ratio": "our DDP loop's step time / bare DDP loop's step time at the same world size "
                   "(= bare samples/s / ddp samples/s)",
     "job_cpu_s": "CPU seconds of the whole job, every process (start-up and evaluation included); median",
+    "time_split": "summary.json time_split (comm, step and data wait per step) of the median repeat by samples/s",
 }
 
 
@@ -348,9 +349,11 @@ def summarise(case: Case, runs: List[Dict], backends: List[str]) -> Dict:
         if med("ddp", n) and med("bare-ddp", n):
             ratio[str(n)] = med("bare-ddp", n) / med("ddp", n)
     splits = {}
-    for r in runs:
-        if r["repeat"] == 1 and r["time_split"]:
-            splits[f"{r['label']}@{r['world_size']}"] = r["time_split"]
+    for key in throughput:
+        cell = sorted((r for r in runs if f"{r['label']}@{r['world_size']}" == key and r["time_split"]),
+                      key=lambda r: r["samples_per_s"])
+        if cell:  # the repeat at the median, so the split describes the run the samples/s column stands for
+            splits[key] = cell[(len(cell) - 1) // 2]["time_split"]
     return {"name": case.name, "model": case.model, "image_size": case.image_size, "knob": case.knob,
             "value": case.value, "train_args": case.train_args, "env": case.env, "runs": runs,
             "throughput": throughput, "scaling_efficiency": scaling,

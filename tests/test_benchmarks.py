@@ -247,6 +247,17 @@ def test_throughput_on_digits_reports_the_data_wait(tmp_path):
     assert "(digits, image 8," in result.output and "data %" in result.output
 
 
+def test_time_split_is_the_median_repeats():
+    """The comm/step/data columns describe the repeat whose samples/s is the median, not the first."""
+    from benchmarks.throughput import Case, summarise
+
+    runs = [{"label": "ddp", "world_size": 2, "repeat": i + 1, "samples_per_s": sps, "job_cpu_s": 1.0,
+             "time_split": {"step_ms": sps / 10}} for i, sps in enumerate([300.0, 100.0, 200.0])]
+    case = summarise(Case("convnet", 8), runs, ["ddp"])
+    assert case["throughput"]["ddp@2"]["median"] == 200.0
+    assert case["time_split"]["ddp@2"] == {"step_ms": 20.0}
+
+
 @pytest.mark.parametrize("args,message", [
     (["--models", "resnet18"], "--models resnet18 needs larger images than the digits' 8x8"),
     (["--models", "convnet", "--image-size", "8"], "--image-size is for synthetic data"),
