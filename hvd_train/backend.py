@@ -22,6 +22,12 @@ from common.profiling import Trace
 LONG_CYCLE_MIN_GRADIENT_BYTES = 16 * 2**20
 LONG_CYCLE_MS = 5
 
+#: Open MPI busy-polls while it waits for a message unless it believes the host is oversubscribed, and it
+#: counts processes, not threads: each Horovod rank's background thread then spins on a core that the
+#: rank's compute and the other ranks need. Yielding when idle gave Horovod/MPI 15-39% more samples/s at
+#: two ranks on two cores and removed 19 ms stalls from its allreduce (BENCHMARKS.md, "Open MPI's busy wait").
+MPI_YIELD_VARIABLE = "OMPI_MCA_mpi_yield_when_idle"
+
 HOROVOD_MISSING = ("Horovod is not importable in this environment ({error}); run `make setup`, which "
                    "builds horovod 0.28.1 against this torch, or use ddp_train")
 
@@ -33,6 +39,18 @@ def import_horovod():
     except ImportError as exc:  # also the extension failing to load against another torch
         raise UsageError(HOROVOD_MISSING.format(error=exc)) from None
     return hvd
+
+
+def yield_mpi_when_idle(device: torch.device) -> str:
+    """Set OMPI_MCA_mpi_yield_when_idle=1 for a rank on CPU unless it is already set (`mpirun --mca
+    mpi_yield_when_idle N` reaches the rank as that variable). Read by MPI_Init inside hvd.init(); the
+    Gloo controller and other MPIs ignore it. Returns where the value came from."""
+    if os.environ.get(MPI_YIELD_VARIABLE):
+        return "environment"
+    if device.type != "cpu":
+        return "Open MPI's default"
+    os.environ[MPI_YIELD_VARIABLE] = "1"
+    return "hvd_train: training on CPU"
 
 
 class HorovodBackend(Backend):
@@ -90,10 +108,14 @@ class HorovodBackend(Backend):
             print(f"hvd_train: HOROVOD_FUSION_THRESHOLD={self._env_fusion_threshold} is overridden by --bucket-mb "
                   f"{self.bucket_mb:g} ({self.fusion_threshold_bytes} bytes)", flush=True)
         self._choose_cycle_time()
+        self.mpi_yield_source = yield_mpi_when_idle(self.device)
         if self.profile:
             # hvd.start_timeline() works only when the timeline was enabled at init.
             os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
         self.hvd.init()
+        if self.hvd.mpi_enabled() and self.mpi_yield_source.startswith("hvd_train") and self.hvd.rank() == 0:
+            print(f"hvd_train: {MPI_YIELD_VARIABLE}=1 (training on CPU: Open MPI yields the core while it waits); "
+                  f"set it to 0 or pass mpirun --mca mpi_yield_when_idle 0 to busy-poll", flush=True)
 
     def _choose_cycle_time(self) -> None:
         """HOROVOD_CYCLE_TIME as given (horovodrun --cycle-time-ms sets it too); when unset, a longer
@@ -126,6 +148,8 @@ class HorovodBackend(Backend):
             "fusion_threshold_env_overridden": getattr(self, "_env_fusion_threshold", None),
             "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", "1") or 1),
             "cycle_time_source": getattr(self, "cycle_time_source", None),
+            "mpi_yield_when_idle": os.environ.get(MPI_YIELD_VARIABLE) if hvd.mpi_enabled() else None,
+            "mpi_yield_source": getattr(self, "mpi_yield_source", None) if hvd.mpi_enabled() else None,
             "compression": self.compression,
             "gradient_average": ("float16: allreduce sum, then scale by 1/world size (Compression.fp16, op=Average)"
                                  if self.compression == "fp16" else

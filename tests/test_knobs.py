@@ -265,3 +265,23 @@ def test_horovod_cycle_time_follows_the_model_size_unless_the_user_sets_it(runs,
     run_cmd(cmd[:1] + ["--cycle-time-ms", "2"] + cmd[1:]).check()
     backend = json.loads((given / "config.json").read_text())["backend"]
     assert (backend["cycle_time_ms"], backend["cycle_time_source"]) == (2.0, "environment")
+
+
+def test_open_mpi_yields_when_idle_on_cpu_unless_the_user_sets_it(runs, tmp_path):
+    """Under the MPI controller on CPU, hvd_train sets OMPI_MCA_mpi_yield_when_idle=1 (Open MPI would
+    otherwise busy-poll on the cores the ranks compute on); `mpirun --mca mpi_yield_when_idle 0` wins;
+    the Gloo controller records nothing."""
+    short = COMMON + MLP + ["--max-steps", "2"]
+    chosen = tmp_path / "chosen"
+    result = launch("horovodrun-mpi", 2, short + ["--run-dir", str(chosen)]).check()
+    assert result.output.count("hvd_train: OMPI_MCA_mpi_yield_when_idle=1 (training on CPU") == 1
+    backend = json.loads((chosen / "config.json").read_text())["backend"]
+    assert (backend["mpi_yield_when_idle"], backend["mpi_yield_source"]) == ("1", "hvd_train: training on CPU")
+    given = tmp_path / "given"
+    cmd = command("mpirun", 2, short + ["--run-dir", str(given)])
+    result = run_cmd(cmd[:1] + ["--mca", "mpi_yield_when_idle", "0"] + cmd[1:]).check()
+    assert "OMPI_MCA_mpi_yield_when_idle=1" not in result.output
+    backend = json.loads((given / "config.json").read_text())["backend"]
+    assert (backend["mpi_yield_when_idle"], backend["mpi_yield_source"]) == ("0", "environment")
+    gloo = runs("horovodrun-gloo", "baseline")["config"]["backend"]
+    assert (gloo["mpi_yield_when_idle"], gloo["mpi_yield_source"]) == (None, None)
