@@ -152,6 +152,7 @@ def main(argv=None) -> int:
                 row["busbw_of_limit"] = row["busbw_GBps"] / limit["limit_GBps"]
             series.append({"name": data["backend"], "launcher": launcher, "world_size": np,
                            "device": data["device"], "command": " ".join(cmd), "seconds": seconds,
+                           "mpi_yield_when_idle": data.get("mpi_yield_when_idle"),
                            "results": data["results"]})
 
     load_after = load()

@@ -72,7 +72,11 @@ class HorovodComm:
     def __init__(self) -> None:
         import horovod.torch as hvd
 
+        from hvd_train.backend import yield_mpi_when_idle
+
         self.hvd = hvd
+        # Open MPI's waiting as hvd_train sets it, so the MPI series measures what training gets.
+        yield_mpi_when_idle(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         hvd.init()
         self.device = torch.device("cpu")
         if torch.cuda.is_available() and hvd.nccl_built():
@@ -178,6 +182,7 @@ def main(argv=None) -> int:
         args.result.parent.mkdir(parents=True, exist_ok=True)
         args.result.write_text(json.dumps({"backend": comm.name, "world_size": comm.size,
                                            "device": str(comm.device), "warmup": args.warmup,
+                                           "mpi_yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
                                            "results": results}, indent=2) + "\n")
     comm.shutdown()
     return 0

@@ -43,6 +43,9 @@ def worker(args) -> int:
     before = min(_matmul_seconds(args.matmuls) for _ in range(3))
     import horovod.torch as hvd
 
+    from hvd_train.backend import MPI_YIELD_VARIABLE, yield_mpi_when_idle
+
+    yield_mpi_when_idle(torch.device("cpu"))  # Open MPI waits as under hvd_train
     hvd.init()
     hvd.allreduce(torch.zeros(1), name="sync")
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -55,6 +58,7 @@ def worker(args) -> int:
         Path(args.result).write_text(json.dumps({
             "controller": "gloo" if hvd.gloo_enabled() else "mpi", "world_size": hvd.size(),
             "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", "1")),
+            "mpi_yield_when_idle": os.environ[MPI_YIELD_VARIABLE] if hvd.mpi_enabled() else None,
             "idle_cpu_per_s": [float(r[0]) for r in rows],
             "compute_s_without": [float(r[1]) for r in rows], "compute_s_with": [float(r[2]) for r in rows]}))
     hvd.shutdown()

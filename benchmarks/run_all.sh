@@ -44,6 +44,13 @@ else
       --repeats 5 --baselines none --out "$OUT/data-wait-digits"
   "$PY" -m benchmarks.throughput --np 1,2 --models convnet --image-size 32 --batch-size 16 --steps 40 \
       --repeats 5 --baselines none --out "$OUT/data-wait-synthetic"
+  # Open MPI alone against Horovod's MPI controller, 1 to 64 MB: where Horovod's MPI time goes.
+  "$PY" -m benchmarks.allreduce --np 2 --backends mpi,horovod-mpi,torch,horovod-gloo --min-bytes 1M \
+      --max-bytes 64M --out "$OUT/allreduce-64m"
+  # Open MPI busy-polling or yielding under Horovod's MPI controller.
+  "$PY" -m benchmarks.throughput --np 2 --models convnet,resnet18 --image-size 32 --batch-size 16 --steps 30 \
+      --repeats 3 --backends horovod-mpi --baselines none --sweep OMPI_MCA_mpi_yield_when_idle=0,1 \
+      --out "$OUT/mpi-yield"
 fi
 
 # The comparison report on the embedded default, with the benchmark section added.

@@ -69,6 +69,9 @@ def test_allreduce_measures_every_backend_at_every_size(allreduce_out):
     assert sorted((s["name"], s["launcher"], s["world_size"]) for s in data["series"]) == [
         ("horovod-gloo", "horovodrun-gloo", 2), ("horovod-mpi", "horovodrun-mpi", 2), ("mpi", "mpirun", 2),
         ("torch-gloo", "torchrun", 2)]
+    # Horovod's ranks get Open MPI's waiting as hvd_train sets it; Open MPI alone keeps its default.
+    assert {s["name"]: s["mpi_yield_when_idle"] for s in data["series"]}["horovod-mpi"] == "1"
+    assert {s["name"]: s["mpi_yield_when_idle"] for s in data["series"]}["mpi"] is None
     for s in data["series"]:
         assert [r["bytes"] for r in s["results"]] == AR_SIZES
         for r in s["results"]:
