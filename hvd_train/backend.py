@@ -24,7 +24,7 @@ LONG_CYCLE_MS = 5
 
 #: Open MPI busy-polls while it waits for a message unless it believes the host is oversubscribed, and it
 #: counts processes, not threads: each Horovod rank's background thread then spins on a core that the
-#: rank's compute and the other ranks need. Yielding when idle gave Horovod/MPI 15-39% more samples/s at
+#: rank's compute and the other ranks need. Yielding when idle gave Horovod/MPI 7-62% more samples/s at
 #: two ranks on two cores and removed 19 ms stalls from its allreduce (BENCHMARKS.md, "Open MPI's busy wait").
 MPI_YIELD_VARIABLE = "OMPI_MCA_mpi_yield_when_idle"
 
