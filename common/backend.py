@@ -92,8 +92,8 @@ class Backend:
             compression, bucket_mb, accumulate, profile, gradient_bytes)
 
     def init(self, timeout_s: float) -> None:
-        """Join the job (collective). Called once, after inputs were checked. A collective that
-        waits longer than `timeout_s` for another rank fails instead of hanging."""
+        """Join the job (collective). Called once, after inputs were checked and select_device().
+        A collective that waits longer than `timeout_s` for another rank fails instead of hanging."""
         raise NotImplementedError
 
     def note_step(self, step: int) -> None:

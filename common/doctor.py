@@ -393,6 +393,7 @@ def allreduce_probe() -> int:
     torch.set_num_threads(1)
     backend = HorovodBackend()
     backend.check_environment()
+    backend.select_device("cpu")  # the probe's tensors live on CPU: it measures the network between hosts
     backend.init(timeout_s=60)
     hvd = backend.hvd
     size = hvd.size()
