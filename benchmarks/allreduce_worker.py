@@ -19,6 +19,8 @@ from typing import Callable, List
 
 import torch
 
+from hvd_train.backend import MPI_YIELD_VARIABLE, yield_mpi_when_idle
+
 
 def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> List[int]:
     """min_bytes, min_bytes x factor, ... up to max_bytes (whole float32 elements, at least one)."""
@@ -71,8 +73,6 @@ class HorovodComm:
 
     def __init__(self) -> None:
         import horovod.torch as hvd
-
-        from hvd_train.backend import yield_mpi_when_idle
 
         self.hvd = hvd
         # Open MPI's waiting as hvd_train sets it, so the MPI series measures what training gets.
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
         args.result.parent.mkdir(parents=True, exist_ok=True)
         args.result.write_text(json.dumps({"backend": comm.name, "world_size": comm.size,
                                            "device": str(comm.device), "warmup": args.warmup,
-                                           "mpi_yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
+                                           "mpi_yield_when_idle": os.environ.get(MPI_YIELD_VARIABLE),
                                            "results": results}, indent=2) + "\n")
     comm.shutdown()
     return 0

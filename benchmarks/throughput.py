@@ -172,13 +172,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _fail("--image-size is for synthetic data; the digits are 8x8 images")
         from common.models import MIN_IMAGE_SIZE
 
-        train_samples, side = digits_shape()
+        steps_per_epoch, side = digits_epoch(args.batch_size, max(args.world_sizes))
         sizes = {"*": side}
         too_big = [m for m in models if MIN_IMAGE_SIZE.get(m, 1) > side]
         if too_big:
             return _fail(f"--models {','.join(too_big)} needs larger images than the digits' {side}x{side}; "
                          "use e.g. --models convnet,mlp")
-        steps_per_epoch = math.ceil(math.ceil(train_samples / max(args.world_sizes)) / args.batch_size)
         if args.steps > steps_per_epoch:
             return _fail(f"--steps {args.steps} is more than the {steps_per_epoch} steps of one digits epoch at "
                          f"world size {max(args.world_sizes)} and batch {args.batch_size}; lower --steps or --batch-size")
@@ -232,13 +231,15 @@ DEFINITIONS = {
 }
 
 
-def digits_shape() -> Tuple[int, int]:
-    """(samples in the training split, image side) of the digits, as training opens them."""
+def digits_epoch(batch_size: int, world_size: int) -> Tuple[int, int]:
+    """(steps of one epoch per rank, image side) of the digits, from the loader training builds."""
     from common.config import Config
-    from common.data import open_datasets
+    from common.data import make_loaders, open_datasets
 
-    train, _, info = open_datasets(Config(dataset="digits"))
-    return len(train), info.image_size
+    config = Config(dataset="digits", batch_size=batch_size)
+    train, val, info = open_datasets(config)
+    train_loader, _, _ = make_loaders(config, train, val, rank=0, world_size=world_size, pin_memory=False)
+    return len(train_loader), info.image_size
 
 
 def base_args(case: Case, args, world_size: int, run_dir: Path) -> List[str]:

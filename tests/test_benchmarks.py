@@ -70,8 +70,8 @@ def test_allreduce_measures_every_backend_at_every_size(allreduce_out):
         ("horovod-gloo", "horovodrun-gloo", 2), ("horovod-mpi", "horovodrun-mpi", 2), ("mpi", "mpirun", 2),
         ("torch-gloo", "torchrun", 2)]
     # Horovod's ranks get Open MPI's waiting as hvd_train sets it; Open MPI alone keeps its default.
-    assert {s["name"]: s["mpi_yield_when_idle"] for s in data["series"]}["horovod-mpi"] == "1"
-    assert {s["name"]: s["mpi_yield_when_idle"] for s in data["series"]}["mpi"] is None
+    yield_setting = {s["name"]: s["mpi_yield_when_idle"] for s in data["series"]}
+    assert (yield_setting["horovod-mpi"], yield_setting["mpi"]) == ("1", None)
     for s in data["series"]:
         assert [r["bytes"] for r in s["results"]] == AR_SIZES
         for r in s["results"]:
