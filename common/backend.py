@@ -8,49 +8,64 @@ Nothing here imports horovod or torch.distributed; hvd_train and ddp_train do, l
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import socket
-from typing import Any, Callable, ContextManager, Iterator, List, Sequence
+from dataclasses import dataclass
+from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
+from .launch.placement import Placement
+from .liveness import Liveness
 
-class Backend:
+
+@dataclass(frozen=True)
+class Tuning:
+    """The tuning options a backend applies itself (set by configure() before init() and wrap()).
+
+    compression: "none" or "fp16" (gradients travel as float16); bucket_mb: megabytes (2**20 bytes)
+    of gradients reduced together; accumulate: backward passes per optimizer step; profile: a trace()
+    will be asked for (some backends must know before init); gradient_bytes: what one step reduces
+    (the model's trainable parameters); deterministic: reduce so that a repeat gives the same bits;
+    predivide: divide by the world size before summing, as DDP does.
+    """
+
+    compression: str = "none"
+    bucket_mb: float = 25.0
+    accumulate: int = 1
+    profile: bool = False
+    gradient_bytes: int = 0
+    deterministic: bool = False  # the same bits run after run (Horovod: no tensor fusion)
+    predivide: bool = False      # divide gradients by the world size before the sum (Horovod; DDP always does)
+
+
+class Backend(abc.ABC):
     """Interface every backend implements. Methods are called on every rank unless noted."""
 
     #: short name written into config.json and summary.json ("ddp", "horovod", "local")
     name: str = "abstract"
 
     def __init__(self) -> None:
-        self._comm_seconds = 0.0
+        self.tuning = Tuning()
         self.current_step = 0
-        self.compression = "none"
-        self.bucket_mb = 25.0
-        self.accumulate = 1
-        self.profile = False
-        self.gradient_bytes = 0
+        self.liveness: Optional[Liveness] = None
+        self._comm_seconds = 0.0
+        self._device = torch.device("cpu")
 
     # --- identity ------------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        """Global rank of this process, 0 .. world_size-1 (known from the launcher before init)."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def placement(self) -> Placement:
+        """Who this process is in the job: rank, world size, local rank and local world size (known from
+        the launcher before init; from the backend itself once it knows better)."""
 
-    @property
-    def local_rank(self) -> int:
-        """Rank of this process among the processes on its host."""
-        raise NotImplementedError
-
-    @property
-    def local_world_size(self) -> int:
-        """Number of processes of the job on this host."""
-        raise NotImplementedError
-
-    @property
-    def world_size(self) -> int:
-        """Number of processes in the job."""
-        raise NotImplementedError
+    rank = property(lambda self: self.placement().rank, doc="Global rank of this process, 0 .. world_size-1.")
+    local_rank = property(lambda self: self.placement().local_rank,
+                          doc="Rank of this process among the processes on its host.")
+    world_size = property(lambda self: self.placement().world_size, doc="Number of processes in the job.")
+    local_world_size = property(lambda self: self.placement().local_world_size,
+                                doc="Number of processes of the job on this host.")
 
     @property
     def is_main(self) -> bool:
@@ -63,7 +78,7 @@ class Backend:
         return self._device
 
     def select_device(self, requested: str) -> torch.device:
-        """Pick (and on CUDA, bind) this rank's device from --device."""
+        """Pick (and on CUDA, bind) this rank's device from --device; RuntimeError when it is not there."""
         use_cuda = requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
         if use_cuda:
             if not torch.cuda.is_available():
@@ -75,63 +90,61 @@ class Backend:
             self._device = torch.device("cpu")
         return self._device
 
+    def host(self) -> str:
+        """This host's name."""
+        return socket.gethostname()
+
     # --- lifecycle -----------------------------------------------------------------------
     def check_environment(self) -> None:
         """Raise common.config.UsageError when this backend cannot run here (before init)."""
 
-    def configure(self, *, compression: str = "none", bucket_mb: float = 25.0, accumulate: int = 1,
-                  profile: bool = False, gradient_bytes: int = 0) -> None:
-        """Take the tuning options this backend applies itself; called before init() and wrap().
+    def configure(self, tuning: Tuning) -> None:
+        """Take the tuning options; called before init() and wrap()."""
+        self.tuning = tuning
 
-        compression: "none" or "fp16" (gradients travel as float16); bucket_mb: megabytes
-        (2**20 bytes) of gradients reduced together; accumulate: backward passes per optimizer
-        step; profile: a trace() will be asked for (some backends must know before init);
-        gradient_bytes: what one step reduces (the model's trainable parameters).
-        """
-        self.compression, self.bucket_mb, self.accumulate, self.profile, self.gradient_bytes = (
-            compression, bucket_mb, accumulate, profile, gradient_bytes)
-
+    @abc.abstractmethod
     def init(self, timeout_s: float) -> None:
         """Join the job (collective). Called once, after inputs were checked and select_device().
         A collective that waits longer than `timeout_s` for another rank fails instead of hanging."""
-        raise NotImplementedError
-
-    def note_step(self, step: int) -> None:
-        """Record the step this rank is on (read by explain_stall; must be cheap)."""
-        self.current_step = step
-
-    def explain_stall(self) -> str | None:
-        """After a failed collective: which ranks stopped taking part, if this backend can tell."""
-        return None
-
-    # --- elastic membership (Horovod elastic) -------------------------------------------------
-    #: True when the launcher may change the job's members while it runs (horovodrun --min-np/--max-np)
-    elastic: bool = False
-
-    def run_training(self, train: Callable[[], int], trainer: Any) -> int:
-        """Run `train()` and return its exit code. An elastic backend runs it again after the job's
-        members changed, first bringing every rank to the last committed state (trainer.restore)."""
-        return train()
-
-    def commit(self, state: dict) -> None:
-        """The checkpoint state every rank just agreed on; an elastic backend keeps it (on every
-        rank) as the state to go back to after a failure, and may stop here to take in new members."""
 
     def shutdown(self) -> None:
         """Leave the job cleanly."""
 
-    def describe(self) -> dict:
+    def describe(self) -> Dict[str, Any]:
         """Backend name and options, for config.json."""
         return {"name": self.name}
 
+    # --- naming a rank that stopped taking part --------------------------------------------
+    def start_liveness(self) -> None:
+        """After init (and after an elastic job re-formed): open this rank's answering port and learn
+        every rank's (a collective). See common.liveness."""
+        if self.liveness is not None:
+            self.liveness.close()
+        self.liveness = Liveness(self.rank, lambda: self.current_step,
+                                 single_host=self.local_world_size == self.world_size)
+        self.liveness.know(self.all_gather_object(self.liveness.address))
+
+    def note_step(self, step: int) -> None:
+        """Record the step this rank is on (what it answers to pings; must be cheap)."""
+        self.current_step = step
+
+    def explain_stall(self) -> Optional[str]:
+        """After a failed or stalled collective: which ranks stopped taking part, in one line, or None."""
+        return self.liveness.explain() if self.liveness is not None else None
+
+    def close_liveness(self) -> None:
+        """Stop answering pings (on the way out)."""
+        if self.liveness is not None:
+            self.liveness.close()
+
     # --- training ------------------------------------------------------------------------
+    @abc.abstractmethod
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         """Return (model, optimizer) that average gradients over all ranks on backward/step.
 
         Must broadcast rank 0's parameters and buffers so every rank starts identical, and must
         not touch a fresh optimizer's state.
         """
-        raise NotImplementedError
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The plain module inside a wrapped one (its state_dict has no prefixes)."""
@@ -175,10 +188,19 @@ class Backend:
         return seconds
 
     # --- collectives for metrics and control ---------------------------------------------
+    @abc.abstractmethod
     def all_reduce_sum(self, values: Sequence[float]) -> List[float]:
         """Element-wise sum of a few float64 numbers over all ranks."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
+    def all_reduce_(self, tensor: torch.Tensor) -> None:
+        """Sum `tensor` (any dtype, integers included) over all ranks, in place."""
+
+    @abc.abstractmethod
+    def broadcast_module(self, module: torch.nn.Module) -> None:
+        """Copy rank 0's parameters and buffers into every rank's module (a model not wrapped by wrap())."""
+
+    @abc.abstractmethod
     def broadcast_buffers(self, module: torch.nn.Module) -> None:
         """Copy rank 0's buffers (BatchNorm running statistics) into every rank's module.
 
@@ -186,19 +208,14 @@ class Backend:
         broadcast_buffers=False, as Horovod does); the loop calls this before every evaluation
         and before saving, so the model that is evaluated is the model that is saved.
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def all_gather_object(self, obj: Any) -> List[Any]:
         """Every rank's (small, picklable, job-internal) object, in rank order."""
-        raise NotImplementedError
 
     def barrier(self) -> None:
         """Wait until every rank arrives."""
         self.all_reduce_sum([0.0])
-
-    def host(self) -> str:
-        """This host's name."""
-        return socket.gethostname()
 
 
 class LocalBackend(Backend):
@@ -206,21 +223,8 @@ class LocalBackend(Backend):
 
     name = "local"
 
-    @property
-    def rank(self) -> int:
-        return 0
-
-    @property
-    def local_rank(self) -> int:
-        return 0
-
-    @property
-    def local_world_size(self) -> int:
-        return 1
-
-    @property
-    def world_size(self) -> int:
-        return 1
+    def placement(self) -> Placement:
+        return Placement("none", None, 0, 1, 0, 1)
 
     def init(self, timeout_s: float) -> None:
         pass
@@ -231,18 +235,14 @@ class LocalBackend(Backend):
     def all_reduce_sum(self, values):
         return [float(v) for v in values]
 
+    def all_reduce_(self, tensor):
+        pass
+
+    def broadcast_module(self, module):
+        pass
+
     def broadcast_buffers(self, module):
         pass
 
     def all_gather_object(self, obj):
         return [obj]
-
-
-def env_int(*names: str, default: int | None = None) -> int | None:
-    """The first of the named environment variables that is set, as an int."""
-    for name in names:
-        value = os.environ.get(name)
-        if value not in (None, ""):
-            return int(value)
-    return default
-

@@ -22,10 +22,12 @@ FORMAT = 1
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 #: settings a checkpoint must share with the run that resumes it (accumulate: the epoch's position
-#: is counted in micro-batches, and a step's size must not change under the lr schedule)
-MUST_MATCH = ("model", "dataset", "image_size", "batch_size", "accumulate")
+#: is counted in micro-batches, and a step's size must not change under the lr schedule; the reduction
+#: and its batches: exact mode's position is counted in global steps)
+MUST_MATCH = ("model", "dataset", "image_size", "batch_size", "global_batch", "accumulate", "reduction",
+              "micro_batch")
 #: the value of a setting in a checkpoint written before the setting existed
-SETTING_DEFAULTS = {"accumulate": 1}
+SETTING_DEFAULTS = {"accumulate": 1, "global_batch": None, "reduction": "allreduce", "micro_batch": None}
 
 
 class CheckpointError(Exception):

@@ -1,14 +1,22 @@
-"""The settings of a run: one frozen dataclass and the one argument parser both backends share."""
+"""The settings of a run: one frozen dataclass whose fields are the options.
+
+Each option is declared once, as a field of `Config` made by `option(...)`: its name, type,
+default, help, choices and group. The parser both entry points share (`build_parser`) and the
+option table of docs/training.md (`options_markdown`) are both built from those declarations.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import NoReturn, Optional, Sequence
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
+
+from .launch.placement import rank_hint
 
 DATASETS = ("digits", "synthetic", "mnist", "cifar10", "imagefolder")
 MODELS = ("mlp", "convnet", "mnist_net", "resnet18", "resnet50")
@@ -17,58 +25,194 @@ LR_SCHEDULES = ("constant", "step", "cosine")
 LR_SCALINGS = ("none", "linear")
 COMPRESSIONS = ("none", "fp16")
 AMP_MODES = ("off", "bf16", "fp16")
+REDUCTIONS = ("allreduce", "exact")
+#: exact mode's global batch when --global-batch is not given: 12 micro-batches of 8, which 1, 2, 3, 4, 6
+#: and 12 ranks can share (a default that does not depend on the world size)
+EXACT_GLOBAL_BATCH = 96
+
+#: option groups, in the order --help and the docs show them
+GROUPS = {
+    "data": "data",
+    "model": "model",
+    "optimisation": "optimisation",
+    "run": "run",
+    "reduction": "how gradients are summed",
+    "tuning": "tuning (the same meaning on both backends)",
+}
 
 
 class UsageError(Exception):
     """Bad input: reported as one line and exit code 2 on every rank, before any collective."""
 
 
+# --- value checks used as argparse types -------------------------------------------------------
+def positive_int(text: str) -> int:
+    """An int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An int >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A float > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A float >= 0."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def option(default: Any, group: str, help: str, *, parse: Optional[Callable[[str], Any]] = None,
+           choices: Optional[Sequence[str]] = None, metavar: Optional[str] = None, doc: Optional[str] = None,
+           doc_default: Optional[str] = None):
+    """Declare one option: a dataclass field whose metadata the parser and the docs are built from.
+
+    `parse` converts and checks the command-line text (default: the field's type); a bool field is a
+    flag. `doc` is the longer text of the docs' table (default: `help`); `doc_default` replaces the
+    default shown there when the real one is computed at run time.
+    """
+    assert group in GROUPS, group
+    return dataclasses.field(default=default, metadata={
+        "group": group, "help": help, "parse": parse, "choices": tuple(choices) if choices else None,
+        "metavar": metavar, "doc": doc, "doc_default": doc_default})
+
+
 @dataclass(frozen=True)
 class Config:
     """Every setting of a training run. Both backends read exactly these fields."""
 
-    dataset: str = "digits"
-    data_dir: Optional[str] = None
-    image_size: Optional[int] = None
-    synthetic_samples: int = 2048
-    model: str = "convnet"
-    pretrained: bool = False
-    epochs: int = 10
-    max_steps: Optional[int] = None
-    batch_size: int = 32
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    optimizer: str = "sgd"
-    lr_schedule: str = "constant"
-    lr_scaling: str = "none"
-    warmup_epochs: float = 0.0
-    seed: int = 42
-    workers: int = 0
-    threads: Optional[int] = None
-    eval_every: int = 1
-    log_every: int = 1
-    run_dir: str = "runs/latest"
-    timeout: float = 300.0
-    checkpoint_every: int = 0
-    keep_checkpoints: int = 3
-    resume: Optional[str] = None
-    device: str = "auto"
-    tensorboard: bool = False
-    progress: str = "auto"
-    compression: str = "none"
-    bucket_mb: float = 25.0
-    accumulate: int = 1
-    amp: str = "off"
-    clip_grad_norm: Optional[float] = None
-    channels_last: bool = False
-    profile: int = 0
+    # data
+    dataset: str = option("digits", "data", "digits is embedded (scikit-learn's handwritten digits, no files needed)",
+                          choices=DATASETS, doc=(
+                              "`digits` is scikit-learn's handwritten digits (8x8, shipped inside the wheel: no files, "
+                              "no network); `synthetic` is a seeded learnable task of any shape (`--image-size`, "
+                              "`--synthetic-samples`), for throughput; the others read `--data-dir`"))
+    data_dir: Optional[str] = option(None, "data", "folder holding the dataset files (mnist, cifar10, imagefolder); "
+                                     "never downloaded", doc=(
+                                         "files for `mnist` (`MNIST/raw/*-ubyte`), `cifar10` (`cifar-10-batches-py/`), "
+                                         "`imagefolder` (`train/<class>/`, `val/<class>/`). Nothing is ever downloaded"))
+    image_size: Optional[int] = option(None, "data", "synthetic: side of the square images (default 8); "
+                                       "imagefolder: resize to this (default 224)", parse=positive_int)
+    synthetic_samples: int = option(2048, "data", "number of samples of the synthetic dataset", parse=positive_int)
+    workers: int = option(0, "data", "DataLoader worker processes per rank", parse=non_negative_int)
+    # model
+    model: str = option("convnet", "model", "the network to train", choices=MODELS, doc=(
+        "`convnet`: the classic MNIST ConvNet (two conv-BN-ReLU-pool blocks + linear); `mnist_net`: PyTorch's MNIST "
+        "example net (with dropout); ResNets from torchvision, random init; `mlp`: tiny, for tests. Channels, image "
+        "size and classes follow the dataset"))
+    pretrained: bool = option(False, "model", "pretrained torchvision weights (not available offline: refused "
+                                              "with a message)")
+    # optimisation
+    epochs: int = option(10, "optimisation", "passes over the training set", parse=positive_int)
+    max_steps: Optional[int] = option(None, "optimisation", "stop after this many global optimizer steps",
+                                      parse=positive_int)
+    batch_size: int = option(32, "optimisation", "samples per process per step (global batch = this x world size)",
+                             parse=positive_int)
+    global_batch: Optional[int] = option(None, "optimisation", "samples per loader batch over all processes (per "
+                                                               "step, times --accumulate); the per-rank batch is this "
+                                                               "/ world size (refused when it does not divide); "
+                                                               "replaces --batch-size",
+                                         parse=positive_int, metavar="G",
+                                         doc_default=f"off (`{EXACT_GLOBAL_BATCH}` with `--reduction exact`)")
+    lr: float = option(0.05, "optimisation", "base learning rate", parse=positive_float)
+    momentum: float = option(0.9, "optimisation", "SGD only", parse=non_negative_float)
+    weight_decay: float = option(0.0, "optimisation", "L2 penalty of the optimizer", parse=non_negative_float)
+    optimizer: str = option("sgd", "optimisation", "the optimizer", choices=OPTIMIZERS)
+    lr_schedule: str = option("constant", "optimisation", "step: x0.1 at 50%% and 75%% of training; "
+                                                          "cosine: to 0 at the last step", choices=LR_SCHEDULES)
+    lr_scaling: str = option("none", "optimisation", "linear: lr x world size, reached after --warmup-epochs "
+                                                     "(Horovod's rule)", choices=LR_SCALINGS)
+    warmup_epochs: float = option(0.0, "optimisation", "epochs of linear warm-up from lr to the scaled lr",
+                                  parse=non_negative_float)
+    # run
+    seed: int = option(42, "run", "seeds weights, the train/validation split and the sample order", parse=int)
+    threads: Optional[int] = option(None, "run", "intra-op CPU threads per process (default: cores / processes on "
+                                                 "this host)", parse=positive_int,
+                                    doc_default="cores / processes per host")
+    eval_every: int = option(1, "run", "validate every N epochs (and always after the last)", parse=positive_int)
+    log_every: int = option(1, "run", "write a step event to metrics.jsonl every N steps", parse=positive_int)
+    run_dir: str = option("runs/latest", "run", "where rank 0 writes the run directory")
+    timeout: float = option(300.0, "run", "seconds a collective (or the rendezvous) may wait for another rank before "
+                                          "the job fails naming the ranks that stopped taking part",
+                            parse=positive_float)
+    checkpoint_every: int = option(0, "run", "also checkpoint every N optimizer steps (a checkpoint is always written "
+                                             "at every epoch end and when training stops); 0: epoch ends only",
+                                   parse=non_negative_int)
+    keep_checkpoints: int = option(3, "run", "how many of the newest checkpoints to keep in RUN_DIR/checkpoints",
+                                   parse=positive_int)
+    resume: Optional[str] = option(None, "run", "auto: continue from the newest valid checkpoint in --run-dir (or "
+                                                "start fresh); PATH: from that checkpoint file", metavar="auto|PATH")
+    device: str = option("auto", "run", "auto: one CUDA device per local rank when available, else CPU",
+                         choices=("auto", "cpu", "cuda"))
+    tensorboard: bool = option(False, "run", "also write TensorBoard event files to RUN_DIR/tensorboard (rank 0)")
+    progress: str = option("auto", "run", "tqdm progress bar on rank 0; auto: only when stderr is a terminal",
+                           choices=("auto", "on", "off"))
+    # reduction
+    reduction: str = option("allreduce", "reduction", "allreduce: each backend's own gradient averaging (fast; bitwise "
+                                                      "equal across backends only at 2 ranks); exact: fixed-point sums "
+                                                      "of micro-batch gradients, the same bits on both backends, at "
+                                                      "every world size, run after run", choices=REDUCTIONS)
+    micro_batch: int = option(8, "reduction", "exact: samples per micro-batch; the global batch is cut into "
+                                              "micro-batches whose number every world size must divide",
+                              parse=positive_int, metavar="M")
+    deterministic: bool = option(False, "reduction", "the same bits run after run: Horovod reduces every tensor "
+                                                     "alone (no fusion, whose grouping follows timing), torch uses "
+                                                     "deterministic algorithms")
+    predivide: bool = option(False, "reduction", "divide gradients by the world size before summing them, as DDP does "
+                                                 "(Horovod's gradient_predivide_factor = world size); DDP: no change")
+    # tuning
+    compression: str = option("none", "tuning", "gradients sent as float16: Horovod's Compression.fp16, DDP's "
+                                                "fp16_compress_hook", choices=COMPRESSIONS)
+    bucket_mb: float = option(25.0, "tuning", "MB of gradients reduced together: DDP's bucket_cap_mb (its default is "
+                                              "25); Horovod's fusion threshold HOROVOD_FUSION_THRESHOLD (its own "
+                                              "default is 128 MB; this flag wins over the variable)",
+                              parse=positive_float, metavar="MB")
+    accumulate: int = option(1, "tuning", "micro-batches per optimizer step (gradient accumulation; each "
+                                          "micro-batch's loss counts 1/K); a step is one optimizer step and an epoch's "
+                                          "incomplete tail of micro-batches is dropped", parse=positive_int,
+                             metavar="K")
+    amp: str = option("off", "tuning", "autocast forward and loss: bf16 (CPU or CUDA), fp16 (CUDA only, with a "
+                                       "GradScaler)", choices=AMP_MODES)
+    clip_grad_norm: Optional[float] = option(None, "tuning", "clip the averaged gradients to total L2 norm X before "
+                                                             "each step (default: off)", parse=positive_float,
+                                             metavar="X")
+    channels_last: bool = option(False, "tuning", "model and 4-D inputs in torch.channels_last memory format")
+    profile: int = option(0, "tuning", "trace STEPS optimizer steps after 2 warm-up steps into RUN_DIR/profile/ "
+                                       "(DDP: torch.profiler chrome trace of rank 0; Horovod: Horovod timeline); 0: off",
+                          parse=non_negative_int, metavar="STEPS")
 
     def to_dict(self) -> dict:
         """The settings as a JSON-ready dict."""
         return dataclasses.asdict(self)
 
 
+def options() -> List[dataclasses.Field]:
+    """The declared options, in declaration order."""
+    return list(dataclasses.fields(Config))
+
+
+def flag_of(field: dataclasses.Field) -> str:
+    """The command-line spelling of an option: --data-dir for data_dir."""
+    return "--" + field.name.replace("_", "-")
+
+
+# --- one-line errors -------------------------------------------------------------------------
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a default only when there is one worth showing."""
 
@@ -85,23 +229,16 @@ class OneLineParser(argparse.ArgumentParser):
         fail_usage(self.prog, f"{message} (see --help)")
 
 
-def _rank_hint() -> str:
-    """The rank a launcher gave this process, read from its environment (no collective needed)."""
-    for var in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").isdigit():
-            return os.environ[var]
-    return ""
-
-
-def _print_error(line: str) -> None:
-    rank = _rank_hint()
-    prefix = f"[rank {rank}] " if rank else ""
-    print(prefix + line, file=sys.stderr, flush=True)
-
-
 #: how long a rank started by a launcher lingers after its error line before exiting: on a loaded
 #: machine a sibling's Python start-up can lag by more than a second
-SIBLING_GRACE_S = 3.0
+SIBLING_GRACE_S = 5.0
+
+
+def print_error(line: str) -> None:
+    """Print one error line on stderr, prefixed with this process's rank when a launcher gave it one."""
+    rank = rank_hint()
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    print(prefix + line, file=sys.stderr, flush=True)
 
 
 def fail_usage(prog: str, message: str) -> NoReturn:
@@ -111,135 +248,68 @@ def fail_usage(prog: str, message: str) -> NoReturn:
     the others as soon as one exits (horovodrun, mpirun), so a rank lingers a moment for the others to
     print their own line too.
     """
-    _print_error(f"{prog}: error: {message}")
-    if _rank_hint():
+    print_error(f"{prog}: error: {message}")
+    if rank_hint() is not None:
+        # A launcher that stops this rank while it lingers (after a sibling exited) still sees exit code 2.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: os._exit(2))
         time.sleep(SIBLING_GRACE_S)
     sys.exit(2)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
+# --- the parser and the docs, from the declarations --------------------------------------------
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The one parser of training options; ddp_train and hvd_train both use it unchanged."""
-    d = Config()
-    p = OneLineParser(prog=prog, description=description,
-                       formatter_class=_HelpFormatter)
-    data = p.add_argument_group("data")
-    data.add_argument("--dataset", choices=DATASETS, default=d.dataset,
-                      help="digits is embedded (scikit-learn's handwritten digits, no files needed)")
-    data.add_argument("--data-dir", default=d.data_dir,
-                      help="folder holding the dataset files (mnist, cifar10, imagefolder); never downloaded")
-    data.add_argument("--image-size", type=_positive_int, default=d.image_size,
-                      help="synthetic: side of the square images (default 8); imagefolder: resize to this (default 224)")
-    data.add_argument("--synthetic-samples", type=_positive_int, default=d.synthetic_samples,
-                      help="number of samples of the synthetic dataset")
-    data.add_argument("--workers", type=_non_negative_int, default=d.workers,
-                      help="DataLoader worker processes per rank")
+    parser = OneLineParser(prog=prog, description=description, formatter_class=_HelpFormatter)
+    groups = {name: parser.add_argument_group(title) for name, title in GROUPS.items()}
+    for field in options():
+        meta = field.metadata
+        kwargs: Dict[str, Any] = {"default": field.default, "help": meta["help"], "dest": field.name}
+        if field.type in (bool, "bool"):
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["type"] = meta["parse"] or str
+            if meta["choices"]:
+                kwargs["choices"] = meta["choices"]
+            if meta["metavar"]:
+                kwargs["metavar"] = meta["metavar"]
+        groups[meta["group"]].add_argument(flag_of(field), **kwargs)
+    return parser
 
-    model = p.add_argument_group("model")
-    model.add_argument("--model", choices=MODELS, default=d.model)
-    model.add_argument("--pretrained", action="store_true",
-                       help="pretrained torchvision weights (not available offline: refused with a message)")
 
-    opt = p.add_argument_group("optimisation")
-    opt.add_argument("--epochs", type=_positive_int, default=d.epochs)
-    opt.add_argument("--max-steps", type=_positive_int, default=d.max_steps,
-                     help="stop after this many global optimizer steps")
-    opt.add_argument("--batch-size", type=_positive_int, default=d.batch_size,
-                     help="samples per process per step (global batch = this x world size)")
-    opt.add_argument("--lr", type=_positive_float, default=d.lr, help="base learning rate")
-    opt.add_argument("--momentum", type=_non_negative_float, default=d.momentum, help="SGD only")
-    opt.add_argument("--weight-decay", type=_non_negative_float, default=d.weight_decay)
-    opt.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
-    opt.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=d.lr_schedule,
-                     help="step: x0.1 at 50%% and 75%% of training; cosine: to 0 at the last step")
-    opt.add_argument("--lr-scaling", choices=LR_SCALINGS, default=d.lr_scaling,
-                     help="linear: lr x world size, reached after --warmup-epochs (Horovod's rule)")
-    opt.add_argument("--warmup-epochs", type=_non_negative_float, default=d.warmup_epochs,
-                     help="epochs of linear warm-up from lr to the scaled lr")
-
-    run = p.add_argument_group("run")
-    run.add_argument("--seed", type=int, default=d.seed,
-                     help="seeds weights, the train/validation split and the sample order")
-    run.add_argument("--threads", type=_positive_int, default=d.threads,
-                     help="intra-op CPU threads per process (default: cores / processes on this host)")
-    run.add_argument("--eval-every", type=_positive_int, default=d.eval_every,
-                     help="validate every N epochs (and always after the last)")
-    run.add_argument("--log-every", type=_positive_int, default=d.log_every,
-                     help="write a step event to metrics.jsonl every N steps")
-    run.add_argument("--run-dir", default=d.run_dir, help="where rank 0 writes the run directory")
-    run.add_argument("--timeout", type=_positive_float, default=d.timeout,
-                     help="seconds a collective (or the rendezvous) may wait for another rank before the job "
-                          "fails naming the ranks that stopped taking part")
-    run.add_argument("--checkpoint-every", type=_non_negative_int, default=d.checkpoint_every,
-                     help="also checkpoint every N optimizer steps (a checkpoint is always written at every "
-                          "epoch end and when training stops); 0: epoch ends only")
-    run.add_argument("--keep-checkpoints", type=_positive_int, default=d.keep_checkpoints,
-                     help="how many of the newest checkpoints to keep in RUN_DIR/checkpoints")
-    run.add_argument("--resume", default=d.resume, metavar="auto|PATH",
-                     help="auto: continue from the newest valid checkpoint in --run-dir (or start fresh); "
-                          "PATH: from that checkpoint file")
-    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
-                     help="auto: one CUDA device per local rank when available, else CPU")
-    run.add_argument("--tensorboard", action="store_true",
-                     help="also write TensorBoard event files to RUN_DIR/tensorboard (rank 0)")
-    run.add_argument("--progress", choices=("auto", "on", "off"), default=d.progress,
-                     help="tqdm progress bar on rank 0; auto: only when stderr is a terminal")
-
-    tuning = p.add_argument_group("tuning (the same meaning on both backends)")
-    tuning.add_argument("--compression", choices=COMPRESSIONS, default=d.compression,
-                        help="gradients sent as float16: Horovod's Compression.fp16, DDP's fp16_compress_hook")
-    tuning.add_argument("--bucket-mb", type=_positive_float, default=d.bucket_mb, metavar="MB",
-                        help="MB of gradients reduced together: DDP's bucket_cap_mb (its default is 25); Horovod's "
-                             "fusion threshold HOROVOD_FUSION_THRESHOLD (its own default is 64 MB; this flag wins "
-                             "over the variable)")
-    tuning.add_argument("--accumulate", type=_positive_int, default=d.accumulate, metavar="K",
-                        help="micro-batches per optimizer step (gradient accumulation; each micro-batch's loss "
-                             "counts 1/K); a step is one optimizer step and an epoch's incomplete tail of "
-                             "micro-batches is dropped")
-    tuning.add_argument("--amp", choices=AMP_MODES, default=d.amp,
-                        help="autocast forward and loss: bf16 (CPU or CUDA), fp16 (CUDA only, with a GradScaler)")
-    tuning.add_argument("--clip-grad-norm", type=_positive_float, default=d.clip_grad_norm, metavar="X",
-                        help="clip the averaged gradients to total L2 norm X before each step (default: off)")
-    tuning.add_argument("--channels-last", action="store_true",
-                        help="model and 4-D inputs in torch.channels_last memory format")
-    tuning.add_argument("--profile", type=_non_negative_int, default=d.profile, metavar="STEPS",
-                        help="trace STEPS optimizer steps after 2 warm-up steps into RUN_DIR/profile/ (DDP: "
-                             "torch.profiler chrome trace of rank 0; Horovod: Horovod timeline); 0: off")
-    return p
+def options_markdown() -> str:
+    """The option table of docs/training.md, one row per option, from the declarations."""
+    rows = ["| option | default | meaning |", "|---|---|---|"]
+    for field in options():
+        meta = field.metadata
+        name = flag_of(field)
+        if meta["choices"]:
+            name += " {" + ",".join(meta["choices"]) + "}"
+        elif meta["metavar"]:
+            name += f" {meta['metavar']}"
+        if meta["doc_default"] is not None:
+            default = meta["doc_default"]
+        elif field.default is None or field.default is False:
+            default = "off" if field.type in (bool, "bool") else ""
+        else:
+            default = f"`{field.default}`"
+        text = (meta["doc"] or meta["help"]).replace("%%", "%").replace("|", "\\|")
+        name = name.replace("|", "\\|")  # GitHub's tables take an escaped pipe, also inside code
+        rows.append(f"| `{name}` | {default} | {text} |")
+    return "\n".join(rows) + "\n"
 
 
 def parse_config(argv: Optional[Sequence[str]], prog: str, description: str) -> Config:
     """Parse and check the command line; bad input exits with one line and code 2."""
     args = build_parser(prog, description).parse_args(argv)
     config = Config(**vars(args))
+    given = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")}
     try:
+        if config.global_batch is not None and "--batch-size" in given:
+            raise UsageError("--global-batch and --batch-size both set the batch; give one of them")
+        if config.reduction == "exact" and "--batch-size" in given:
+            raise UsageError("--batch-size does not apply to --reduction exact: its batch does not depend on the world "
+                             f"size; give --global-batch (default {EXACT_GLOBAL_BATCH}) instead")
         check_config(config)
     except UsageError as exc:
         fail_usage(prog, str(exc))
@@ -265,8 +335,47 @@ def check_config(config: Config) -> None:
         raise UsageError("--warmup-epochs ramps up to the scaled lr; use it with --lr-scaling linear")
     if config.amp == "fp16" and config.device == "cpu":
         raise UsageError(AMP_FP16_NEEDS_CUDA)
+    if config.reduction == "exact":
+        check_exact(config)
+    elif config.micro_batch != Config.micro_batch:
+        raise UsageError("--micro-batch applies to --reduction exact; drop it or add --reduction exact")
+
+
+#: knobs that cannot work in exact mode, and why (one line each)
+EXACT_REFUSES = {
+    "compression": ("fp16", "--compression fp16 does not apply to --reduction exact: it sends integer sums; drop it"),
+    "amp": ("fp16", "--amp fp16 does not apply to --reduction exact: its GradScaler skips steps on overflow, which "
+                    "exact mode's integer sums never have; use --amp bf16 or off"),
+    "lr_scaling": ("linear", "--lr-scaling linear does not apply to --reduction exact: its global batch does not "
+                             "change with the world size; drop it"),
+    "predivide": (True, "--predivide does not apply to --reduction exact: its sums are exact, in any order; drop it"),
+}
+
+
+def check_exact(config: Config) -> None:
+    """--reduction exact's own checks; raises UsageError naming the knob and the fix."""
+    for name, (value, reason) in EXACT_REFUSES.items():
+        if getattr(config, name) == value:
+            raise UsageError(reason)
+    if config.accumulate != 1:
+        raise UsageError("--accumulate does not apply to --reduction exact: it already cuts the global batch into "
+                         "micro-batches; use --micro-batch")
+    global_batch = exact_global_batch(config)
+    if global_batch % config.micro_batch:
+        raise UsageError(f"--global-batch {global_batch} is not a multiple of --micro-batch {config.micro_batch}; "
+                         "change one of them")
+
+
+def exact_global_batch(config: Config) -> int:
+    """The global batch of exact mode (--global-batch, or a default that does not depend on the world size)."""
+    return config.global_batch or EXACT_GLOBAL_BATCH
 
 
 #: one line, shared by the option check and the device check made after the device is chosen
 AMP_FP16_NEEDS_CUDA = ("--amp fp16 needs a CUDA device (float16 autocast with a GradScaler); on CPU use "
                        "--amp bf16 or --amp off")
+
+
+if __name__ == "__main__":
+    # python -m common.config prints the option table (docs/training.md holds it between markers).
+    sys.stdout.write(options_markdown())

@@ -9,11 +9,11 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler, SequentialSampler, Subset,
-                              TensorDataset)
+from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, SequentialSampler,
+                              Subset, TensorDataset)
 
 from .config import Config, UsageError, check_config
 
@@ -39,10 +39,24 @@ def _seeded_split(dataset: Dataset, seed: int) -> Tuple[Subset, Subset]:
     return Subset(dataset, order[n_val:]), Subset(dataset, order[:n_val])
 
 
-def _digits(config: Config):
-    from sklearn.datasets import load_digits
+def digits_arrays():
+    """(images (1797, 64) float64, labels (1797,) int64): scikit-learn's handwritten digits, read from the
+    file inside its wheel that `sklearn.datasets.load_digits` reads, the same values, without importing
+    scikit-learn (which costs every training process about a second)."""
+    import importlib.util
 
-    images, labels = load_digits(return_X_y=True)
+    import numpy as np
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("--dataset digits needs scikit-learn (it ships the digits); pip install scikit-learn")
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+    data = np.loadtxt(path, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(np.int64)
+
+
+def _digits(config: Config):
+    images, labels = digits_arrays()
     x = torch.tensor(images, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
     x = (x - x.mean()) / x.std()
     data = TensorDataset(x, torch.tensor(labels, dtype=torch.long))
@@ -213,6 +227,38 @@ class ResumableSampler(DistributedSampler):
         return self.num_samples - self.skip
 
 
+class GlobalBatchSampler(Sampler):
+    """--reduction exact: per step, this rank's contiguous block of the step's global batch.
+
+    The epoch's order is one permutation of the training set drawn from (seed, epoch), as
+    DistributedSampler draws it, and step t takes its samples [t*G, (t+1)*G): neither depends on the
+    world size, so every world size trains on the same global batches. The last incomplete global
+    batch is dropped. `skip` leaves out the epoch's first steps (resuming mid-epoch, at any world size).
+    """
+
+    skip = 0
+
+    def __init__(self, samples: int, global_batch: int, rank: int, world_size: int, seed: int) -> None:
+        self.samples, self.global_batch, self.seed = samples, global_batch, seed
+        self.per_rank = global_batch // world_size
+        self.offset = rank * self.per_rank
+        self.steps = samples // global_batch
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose order to draw."""
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(self.samples, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        for step in range(self.skip, self.steps):
+            start = step * self.global_batch + self.offset
+            yield order[start:start + self.per_rank].tolist()
+
+    def __len__(self) -> int:
+        return self.steps - self.skip
+
+
 def fetches_whole_batches(dataset: Dataset) -> bool:
     """True when `dataset[list_of_indices]` returns the batch itself: in-memory tensors and
     synthetic images, under any number of Subsets."""
@@ -234,13 +280,20 @@ def _loader(dataset: Dataset, sampler, batch_size: int, **options) -> DataLoader
 
 
 def make_loaders(config: Config, train: Dataset, val: Dataset, rank: int, world_size: int,
-                 pin_memory: bool):
-    """Train loader over a DistributedSampler (seeded, padded so every rank has the same number
-    of steps) and a validation loader over this rank's exact shard."""
-    sampler = ResumableSampler(train, num_replicas=world_size, rank=rank, shuffle=True,
-                                 seed=config.seed, drop_last=False)
+                 pin_memory: bool, batch_size: Optional[int] = None, global_batch: Optional[int] = None):
+    """Train loader over a DistributedSampler (seeded, padded so every rank has the same number of
+    steps) in batches of `batch_size` (default --batch-size), or, given `global_batch` (--reduction
+    exact), over a GlobalBatchSampler; and a validation loader over this rank's exact shard."""
+    batch_size = batch_size or config.batch_size
     options = dict(num_workers=config.workers, pin_memory=pin_memory, persistent_workers=config.workers > 0)
-    train_loader = _loader(train, sampler, config.batch_size, **options)
+    if global_batch is None:
+        sampler = ResumableSampler(train, num_replicas=world_size, rank=rank, shuffle=True,
+                                   seed=config.seed, drop_last=False)
+        train_loader = _loader(train, sampler, batch_size, **options)
+    else:
+        sampler = GlobalBatchSampler(len(train), global_batch, rank, world_size, config.seed)
+        train_loader = (DataLoader(train, batch_size=None, sampler=sampler, **options) if fetches_whole_batches(train)
+                        else DataLoader(train, batch_sampler=sampler, **options))
     shard = ShardedValidation(val, rank, world_size)
-    val_loader = _loader(shard, SequentialSampler(shard), config.batch_size, **options)
+    val_loader = _loader(shard, SequentialSampler(shard), batch_size, **options)
     return train_loader, val_loader, sampler

@@ -3,9 +3,10 @@
     python -m common.doctor [-H node0:4,node1:4] [--port 29500] [--ssh-port P] [--ssh-identity-file F]
 
 One line per check, PASS or FAIL, and for each failure the fix; exit code 1 when any check failed.
-Checks: Horovod's build (PyTorch, Gloo, MPI), mpi4py and mpirun using the same MPI, ssh to every
-other host (non-interactive, short timeout), the rendezvous port free on each host, the network
-interface that reaches the other hosts, and a short allreduce between the hosts with its bandwidth.
+Checks here: ssh to every other host (non-interactive, short timeout), the rendezvous port free on each
+host, and the network interface that reaches the other hosts. The backends add their own through the
+entry-point group `hvd_ddp_compare.doctor` (a module with CHECKS, run first, and PROBES, run last):
+hvd_train checks Horovod's build and MPI, and runs a short allreduce between the hosts.
 """
 
 from __future__ import annotations
@@ -14,24 +15,19 @@ import argparse
 import concurrent.futures
 import errno
 import ipaddress
-import json
 import os
-import re
 import shlex
-import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from importlib.metadata import entry_points
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import launch
 
 SSH_CONNECT_TIMEOUT_S = 5
-PROBE_TIMEOUT_S = 90
-PROBE_MB = 4
-PROBE_REPEATS = 5
-PROBE_TAG = "doctor-probe"
+ENTRY_POINT_GROUP = "hvd_ddp_compare.doctor"
 
 
 @dataclass
@@ -96,96 +92,16 @@ def is_local(host: str) -> bool:
 
 
 # --- checks ----------------------------------------------------------------------------------
-def _run(cmd: Sequence[str], timeout: float, env: Optional[Dict[str, str]] = None) -> Tuple[int, str]:
-    """Exit code and combined output of a command, in its own process group; when it runs longer than
-    `timeout` the group gets SIGTERM (launchers stop their workers on it), then SIGKILL, and the code is 124."""
+def run_command(cmd: Sequence[str], timeout: float, env: Optional[Dict[str, str]] = None) -> Tuple[int, str]:
+    """Exit code and combined output of a command run as a job of its own (common.launch); past `timeout`
+    it is stopped and the code is 124; a program that cannot be started gives 127."""
     try:
-        proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        result = launch.run(cmd, timeout=timeout, env=env if env is not None else dict(os.environ))
     except OSError as exc:
         return 127, str(exc)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out.strip()
-    except subprocess.TimeoutExpired:
-        for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                out, _ = proc.communicate(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                out = ""
-        return 124, (out.strip() + f"\nno answer within {timeout:.0f} s").strip()
-
-
-_HOROVOD_BUILD = """
-import json
-from hvd_train.backend import import_horovod
-hvd = import_horovod()
-import horovod
-print(json.dumps({"version": horovod.__version__, "gloo": bool(hvd.gloo_built()),
-                  "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())}))
-"""
-
-
-def check_horovod_build() -> Check:
-    """horovod.torch imports against this torch and was built with Gloo and MPI."""
-    name = "horovod build"
-    code, out = _run([sys.executable, "-c", _HOROVOD_BUILD], timeout=60)
-    rebuild = "run `make setup`, which builds horovod 0.28.1 against this torch with HOROVOD_WITH_PYTORCH=1 " \
-              "HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1"
-    if code != 0:
-        return Check(name, False, f"horovod.torch does not load: {out.splitlines()[-1] if out else code}", rebuild)
-    built = json.loads(out.splitlines()[-1])
-    parts = ["PyTorch"] + [label for key, label in (("gloo", "Gloo"), ("mpi", "MPI"), ("nccl", "NCCL")) if built[key]]
-    missing = [label for key, label in (("gloo", "Gloo"), ("mpi", "MPI")) if not built[key]]
-    if missing:
-        return Check(name, False, f"horovod {built['version']} built without {', '.join(missing)}", rebuild)
-    return Check(name, True, f"horovod {built['version']} with {', '.join(parts)}")
-
-
-_MPI4PY_LIBRARY = """
-import mpi4py
-mpi4py.rc.initialize = False  # the version is known without starting MPI
-from mpi4py import MPI
-print(MPI.Get_library_version().strip().strip(chr(0)).splitlines()[0])
-"""
-
-
-def mpi_identity(text: str) -> Tuple[Optional[str], Optional[str]]:
-    """(vendor, version) from `mpirun --version` or MPI_Get_library_version text."""
-    patterns = (("Open MPI", r"Open MPI\)?\s+v?(\d+(?:\.\d+)+)"), ("MPICH", r"MPICH.*?Version:\s*(\S+)"),
-                ("MPICH", r"HYDRA.*?Version:\s*(\S+)"), ("Intel MPI", r"Intel\(R\) MPI Library\D*(\d+(?:\.\d+)*)"))
-    for vendor, pattern in patterns:
-        m = re.search(pattern, text, re.S)
-        if m:
-            return vendor, m.group(1)
-    return None, None
-
-
-def check_mpi() -> Check:
-    """mpi4py loads the same MPI (vendor and version) as the mpirun on PATH."""
-    name = "mpi4py vs mpirun"
-    if not shutil.which("mpirun"):
-        return Check(name, False, "mpirun is not on PATH",
-                     "install OpenMPI (apt-get install openmpi-bin libopenmpi-dev) or put your MPI's bin/ on PATH")
-    code, mpirun_text = _run(["mpirun", "--version"], timeout=20)
-    code4py, lib_text = _run([sys.executable, "-c", _MPI4PY_LIBRARY], timeout=30)
-    if code4py != 0:
-        return Check(name, False, f"mpi4py does not load: {lib_text.splitlines()[-1] if lib_text else code4py}",
-                     "pip install mpi4py (it must find the libmpi of the mpirun you launch with)")
-    run_vendor, run_version = mpi_identity(mpirun_text)
-    lib_vendor, lib_version = mpi_identity(lib_text)
-    mpirun_path = shutil.which("mpirun")
-    if (run_vendor, run_version) != (lib_vendor, lib_version) or run_vendor is None:
-        return Check(name, False, f"mpi4py uses {lib_text!r} but {mpirun_path} is "
-                                  f"{mpirun_text.splitlines()[0] if mpirun_text else 'unknown'!r}",
-                     "put the MPI that mpi4py and Horovod were built with first on PATH and LD_LIBRARY_PATH, or "
-                     "rebuild mpi4py against this one: pip install --force-reinstall --no-binary mpi4py mpi4py")
-    return Check(name, True, f"both {run_vendor} {run_version} ({mpirun_path})")
+    if result.timed_out:
+        return 124, (result.output.strip() + f"\nno answer within {timeout:.0f} s").strip()
+    return result.returncode, result.output.strip()
 
 
 def ssh_command(host: str, ssh_port: Optional[int], identity: Optional[str], remote: Sequence[str]) -> List[str]:
@@ -221,7 +137,7 @@ def check_ssh(host: str, ssh_port: Optional[int], identity: Optional[str]) -> Ch
     """Passwordless, non-interactive ssh to `host` answers within seconds."""
     name = f"ssh {host}"
     started = time.monotonic()
-    code, out = _run(ssh_command(host, ssh_port, identity, ["true"]), timeout=SSH_CONNECT_TIMEOUT_S + 5)
+    code, out = run_command(ssh_command(host, ssh_port, identity, ["true"]), timeout=SSH_CONNECT_TIMEOUT_S + 5)
     seconds = time.monotonic() - started
     if code != 0:
         error = out.splitlines()[-1] if out else f"ssh exited {code}"
@@ -243,14 +159,14 @@ except OSError as exc:
 
 def port_holder(port: int) -> str:
     """', held by pid N (name)' for a listening socket on `port` of this host, if it can be seen."""
-    try:
-        import psutil
+    import psutil
 
+    try:
         for conn in psutil.net_connections(kind="tcp"):
             if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
                 return f", held by pid {conn.pid} ({psutil.Process(conn.pid).name()})"
-    except Exception:  # noqa: BLE001 - naming the holder is a courtesy
-        pass
+    except (psutil.Error, OSError) as exc:  # naming the holder is a courtesy: say why it is not named
+        return f" (its holder cannot be named: {exc})"
     return ""
 
 
@@ -274,7 +190,7 @@ def check_port_here(port: int, host: str) -> Check:
 def check_port_remote(port: int, host: str, ssh_port: Optional[int], identity: Optional[str]) -> Check:
     """The rendezvous port can be bound on a remote host (checked with its python3 over ssh)."""
     name = f"port {port} on {host}"
-    code, out = _run(ssh_command(host, ssh_port, identity, ["python3", "-c", shlex.quote(_PORT_FREE.format(port=port))]),
+    code, out = run_command(ssh_command(host, ssh_port, identity, ["python3", "-c", shlex.quote(_PORT_FREE.format(port=port))]),
                      timeout=SSH_CONNECT_TIMEOUT_S + 10)
     if code == 0:
         return Check(name, True, "free")
@@ -330,91 +246,29 @@ def check_interface(hosts: List[Tuple[str, int]], local: Dict[str, bool]) -> Tup
     return Check(name, True, f"{iface} ({source}) reaches {target} ({addrs[0]})"), iface
 
 
-# --- allreduce between the hosts -------------------------------------------------------------
-def probe_hosts(hosts: List[Tuple[str, int]]) -> List[Tuple[str, int]]:
-    """One process per host (the traffic between hosts is what is measured); two on a single host."""
-    return [(h, 1) for h, _ in hosts] if len(hosts) > 1 else [(hosts[0][0], 2)]
+# --- checks the backends add ------------------------------------------------------------------
+#: a check of this machine's software, run before the others: () -> Check
+EnvironmentCheck = Callable[[], Check]
 
 
-def probe_command(hosts: List[Tuple[str, int]], ssh_port: Optional[int], identity: Optional[str],
-                  iface: Optional[str]) -> List[str]:
-    """horovodrun over Gloo, starting `python -m common.doctor --allreduce-probe` on every host."""
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    if not os.path.exists(horovodrun):
-        horovodrun = shutil.which("horovodrun") or "horovodrun"
-    np = sum(slots for _, slots in hosts)
-    cmd = [horovodrun, "-np", str(np), "-H", ",".join(f"{h}:{s}" for h, s in hosts), "--gloo",
-           "--start-timeout", "60", "--disable-cache"]
-    if ssh_port:
-        cmd += ["--ssh-port", str(ssh_port)]
-    if identity:
-        cmd += ["--ssh-identity-file", identity]
-    if iface:
-        cmd += ["--network-interface", iface]
-    return cmd + [sys.executable, "-m", "common.doctor", "--allreduce-probe"]
+@dataclass(frozen=True)
+class Probe:
+    """A check that runs something across the hosts, run last and only when nothing before it failed:
+    run(hosts, ssh_port, identity_file, network_interface) -> Check."""
+
+    name: str
+    run: Callable[[List[Tuple[str, int]], Optional[int], Optional[str], Optional[str]], Check]
 
 
-def check_allreduce(hosts: List[Tuple[str, int]], ssh_port: Optional[int], identity: Optional[str],
-                    iface: Optional[str]) -> Check:
-    """A few allreduces of a few MB across the hosts through horovodrun; their bandwidth."""
-    hosts = probe_hosts(hosts)
-    name = "allreduce"
-    cmd = probe_command(hosts, ssh_port, identity, iface)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    started = time.monotonic()
-    code, out = _run(cmd, timeout=PROBE_TIMEOUT_S, env=env)
-    seconds = time.monotonic() - started
-    result = None
-    for line in out.splitlines():
-        if PROBE_TAG in line:
-            result = json.loads(line.split(PROBE_TAG, 1)[1])
-    if code != 0 or result is None:
-        last = [line for line in out.splitlines() if line.strip()][-3:]
-        return Check(name, False, f"`{' '.join(cmd[:6])} ...` failed (exit {code} after {seconds:.0f} s): "
-                                  f"{' | '.join(last) or 'no output'}",
-                     "fix the failures above first; then run the probe command by hand to see its full output")
-    where = ", ".join(h for h, _ in hosts)
-    if not result["correct"]:
-        return Check(name, False, f"allreduce over {where} returned a wrong sum",
-                     "a broken network path or mismatched Horovod builds on the hosts: reinstall with `make setup` "
-                     "on every host")
-    return Check(name, True, f"{result['mb']:.0f} MB x {result['repeats']} over {result['size']} processes on {where}: "
-                             f"{result['busbw_gbs']:.2f} GB/s bus bandwidth, {result['ms']:.1f} ms each "
-                             f"(whole probe {seconds:.0f} s)")
-
-
-def allreduce_probe() -> int:
-    """Run as a Horovod worker: time allreduces of PROBE_MB and print the result on rank 0."""
-    import torch
-
-    from hvd_train.backend import HorovodBackend
-
-    torch.set_num_threads(1)
-    backend = HorovodBackend()
-    backend.check_environment()
-    backend.select_device("cpu")  # the probe's tensors live on CPU: it measures the network between hosts
-    backend.init(timeout_s=60)
-    hvd = backend.hvd
-    size = hvd.size()
-    tensor = torch.ones(PROBE_MB * 1024 * 1024 // 4)
-    hvd.allreduce(tensor, op=hvd.Sum, name="doctor.warmup")
-    times = []
-    for i in range(PROBE_REPEATS):
-        started = time.perf_counter()
-        out = hvd.allreduce(tensor, op=hvd.Sum, name=f"doctor.{i}")
-        times.append(time.perf_counter() - started)
-    correct = bool(torch.all(out == size))
-    if hvd.rank() == 0:
-        seconds = sorted(times)[len(times) // 2]
-        nbytes = tensor.numel() * 4
-        # nccl-tests' bus bandwidth: what each link carries in a ring allreduce, comparable to link speed.
-        busbw = 2 * (size - 1) / size * nbytes / seconds / 1e9
-        print(PROBE_TAG + " " + json.dumps({"size": size, "mb": nbytes / 2**20, "repeats": PROBE_REPEATS,
-                                            "ms": seconds * 1e3, "busbw_gbs": busbw, "correct": correct}),
-              flush=True)
-    backend.shutdown()
-    return 0 if correct else 1
+def plugin_checks() -> Tuple[List[EnvironmentCheck], List[Probe]]:
+    """The CHECKS and PROBES of every module named under the entry-point group hvd_ddp_compare.doctor."""
+    checks: List[EnvironmentCheck] = []
+    probes: List[Probe] = []
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        module = entry.load()
+        checks += list(getattr(module, "CHECKS", []))
+        probes += list(getattr(module, "PROBES", []))
+    return checks, probes
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -430,12 +284,12 @@ def run_checks(hosts: List[Tuple[str, int]], port: int, ssh_port: Optional[int],
 
     local = {h: is_local(h) for h, _ in hosts}
     remote = [h for h, _ in hosts if not local[h]]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4 + len(remote)) as pool:
-        build = pool.submit(check_horovod_build)
-        mpi = pool.submit(check_mpi)
+    environment_checks, probes = plugin_checks()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2 + len(environment_checks) + len(remote)) as pool:
+        environment = [pool.submit(check) for check in environment_checks]
         ssh = {h: pool.submit(check_ssh, h, ssh_port, identity) for h in remote}
-        report(build.result())
-        report(mpi.result())
+        for future in environment:
+            report(future.result())
         reachable = []
         for h in remote:
             report(ssh[h].result())
@@ -448,10 +302,11 @@ def run_checks(hosts: List[Tuple[str, int]], port: int, ssh_port: Optional[int],
     report(iface_check)
     if probe:
         failed = [c.name for c in checks if c.ok is False and not c.name.startswith("port")]
-        if failed:
-            report(Check("allreduce", None, f"not run: {', '.join(failed)} failed"))
-        else:
-            report(check_allreduce(hosts, ssh_port, identity, iface))
+        for check in probes:
+            if failed:
+                report(Check(check.name, None, f"not run: {', '.join(failed)} failed"))
+            else:
+                report(check.run(hosts, ssh_port, identity, iface))
     return checks
 
 
@@ -466,8 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=29500, help="the rendezvous port (torchrun's --rdzv-endpoint)")
     parser.add_argument("--ssh-port", type=int, default=None, help="ssh port of the hosts, as horovodrun --ssh-port")
     parser.add_argument("--ssh-identity-file", default=None, help="ssh key, as horovodrun --ssh-identity-file")
-    parser.add_argument("--no-allreduce", action="store_true", help="skip the allreduce probe (saves ~10 s)")
-    parser.add_argument("--allreduce-probe", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-allreduce", action="store_true",
+                        help="skip the probes across hosts (the allreduce: saves ~10 s)")
     return parser
 
 
@@ -475,8 +330,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Print one line per check; exit 1 if any failed, 2 on bad arguments."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.allreduce_probe:
-        return allreduce_probe()
     try:
         hosts = parse_hosts(args.hosts)
     except ValueError as exc:

@@ -9,11 +9,8 @@ import hashlib
 import json
 import math
 import os
-import platform
-import subprocess
-import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -36,55 +33,6 @@ def weights_sha256(state_dict: Dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def versions() -> Dict[str, Optional[str]]:
-    """Versions of everything that can change the numbers."""
-    import torchvision
-
-    try:
-        import horovod
-
-        hvd_version = horovod.__version__
-    except ImportError:
-        hvd_version = None
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "horovod": hvd_version,
-        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
-        "platform": platform.platform(),
-        "project_git": _git_revision(),
-    }
-
-
-def _git_revision() -> Optional[str]:
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        rev = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5)
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if rev.returncode != 0:
-        return None
-    return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
-def detect_launcher() -> str:
-    """Which launcher started this process, from the variables each one sets."""
-    env = os.environ
-    if "TORCHELASTIC_RUN_ID" in env:
-        return "torchrun"
-    if "HOROVOD_GLOO_RENDEZVOUS_ADDR" in env or "HOROVOD_HOSTNAME" in env:
-        return "horovodrun"
-    if "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env or "PMIX_RANK" in env:
-        return "srun" if "SLURM_JOB_ID" in env and "OMPI_COMM_WORLD_SIZE" not in env else "mpirun"
-    if "SLURM_PROCID" in env:
-        return "srun"
-    return "none"
-
-
 def json_safe(value: Any) -> Any:
     """JSON has no NaN/inf: write them as null (recursively)."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -94,6 +42,22 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def events_so_far(path) -> List[Dict[str, Any]]:
+    """The events in a run directory's metrics.jsonl now, while the run may still be writing it (a line
+    being written is left out); [] before the file exists."""
+    file = os.path.join(path, METRICS_FILE)
+    if not os.path.exists(file):
+        return []
+    events = []
+    with open(file) as f:
+        for line in f:
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # the line being written
+    return events
 
 
 class RunDir:
@@ -182,8 +146,3 @@ class RunDir:
         if self._sink is not None:
             self._sink.close()
             self._sink = None
-
-
-def command_line() -> str:
-    """How this process was started, for the record."""
-    return " ".join([os.path.basename(sys.executable), *sys.argv])

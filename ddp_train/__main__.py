@@ -2,21 +2,21 @@
 
 import sys
 
-from common.config import parse_config
+from common.entry import main as train_main
 
 DESCRIPTION = ("Train with PyTorch DistributedDataParallel. Launch with torchrun (one node or many), "
                "srun under Slurm, or alone for one process.")
 
 
-def main(argv=None) -> int:
-    """Parse the shared options, build the DDP backend and run the loop."""
-    config = parse_config(argv, prog="ddp_train", description=DESCRIPTION)
-    # torch and the backend are imported only now: bad options fail in a fraction of a second.
-    from common.train import run
-
+def _start():
     from .backend import DDPBackend
 
-    return run(config, DDPBackend(), prog="ddp_train")
+    return DDPBackend(), None
+
+
+def main(argv=None) -> int:
+    """Train with DDP; returns the exit code."""
+    return train_main(argv, "ddp_train", DESCRIPTION, _start)
 
 
 if __name__ == "__main__":

@@ -9,26 +9,32 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import os
-import re
 import time
 
 import torch
 
-from common.backend import Backend, env_int
+from common.backend import Backend
 from common.config import UsageError
+from common.launch.placement import detect
 
 
-def _slurm_tasks_on_this_node() -> int:
-    """SLURM_STEP_TASKS_PER_NODE looks like '2(x3),1'; this node's entry is at SLURM_NODEID."""
-    spec = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE") or "1"
-    counts = []
-    for part in spec.split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if m:
-            counts += [int(m.group(1))] * int(m.group(2) or 1)
-    node = env_int("SLURM_NODEID", default=0)
-    return counts[node] if node < len(counts) else (counts[0] if counts else 1)
+def _listening_socket(host: str, port: int) -> int:
+    """A socket listening on `host`'s address (IPv4 first) at `port`, handed over as a file descriptor."""
+    import socket
+
+    family, _, _, _, address = sorted(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                                      key=lambda info: info[0] != socket.AF_INET)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store does: a restart may reuse it
+    try:
+        sock.bind(address)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
 
 
 def _loopback_interface():
@@ -50,50 +56,30 @@ class DDPBackend(Backend):
 
     def __init__(self) -> None:
         super().__init__()
-        self._stall_store = None
-        env = os.environ
-        if "RANK" in env and "WORLD_SIZE" in env:
-            self.source = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "env"
-            self._rank = env_int("RANK")
-            self._world = env_int("WORLD_SIZE")
-            self._local_rank = env_int("LOCAL_RANK", default=0)
-            self._local_world = env_int("LOCAL_WORLD_SIZE", default=self._world)
-        elif "SLURM_PROCID" in env:
-            self.source = "slurm"
-            self._rank = env_int("SLURM_PROCID")
-            self._world = env_int("SLURM_NTASKS", default=1)
-            self._local_rank = env_int("SLURM_LOCALID", default=0)
-            self._local_world = _slurm_tasks_on_this_node()
-        else:
-            self.source = "single"
-            self._rank, self._world, self._local_rank, self._local_world = 0, 1, 0, 1
+        self._placement = placement = detect()
+        # torchrun's (or hand-set) RANK/WORLD_SIZE, Slurm's variables under srun, or a lone process.
+        self.source = {"env": "torchrun" if placement.launcher == "torchrun" else "env",
+                       "slurm": "slurm", None: "single"}.get(placement.family, placement.family)
+        self._rank, self._world = placement.rank, placement.world_size
+        self._local_world = placement.local_world_size
         self._ddp = None
         self._last_bucket_time = None
 
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def local_rank(self) -> int:
-        return self._local_rank
-
-    @property
-    def local_world_size(self) -> int:
-        return self._local_world
-
-    @property
-    def world_size(self) -> int:
-        return self._world
+    def placement(self):
+        return self._placement
 
     def check_environment(self) -> None:
         """Raise UsageError when the launch environment cannot form a group."""
-        if self.source == "slurm" and self._world > 1:
-            missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
-            if missing:
-                raise UsageError(
-                    f"under srun without torchrun, export {' and '.join(missing)} (the first host of the "
-                    "allocation, e.g. $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1), and a free port)")
+        if self.source in ("torchrun", "single") or self._world == 1:
+            return
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+        if missing and self.source == "slurm":
+            raise UsageError(
+                f"under srun without torchrun, export {' and '.join(missing)} (the first host of the "
+                "allocation, e.g. $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1), and a free port)")
+        if missing:
+            raise UsageError(f"without torchrun, export {' and '.join(missing)} (rank 0's host and a free port) on "
+                             "every rank, or start the job with torchrun")
 
     def init(self, timeout_s: float) -> None:
         import torch.distributed as dist
@@ -112,28 +98,7 @@ class DDPBackend(Backend):
                     os.environ["GLOO_SOCKET_IFNAME"] = loopback
             store = self._rendezvous(timeout)
             dist.init_process_group(backend, store=store, rank=self._rank, world_size=self._world, timeout=timeout)
-            # A second connection, used only after a failure, to find who stopped taking part.
-            self._stall_store = self._store(timeout)
         self.process_group_backend = backend
-
-    # --- naming a rank that stopped taking part --------------------------------------------
-    def explain_stall(self):
-        """After a failed collective every rank that is still alive checks in at the store and
-        waits a moment; the ranks that never check in are the ones that stopped taking part.
-        Costs nothing while training runs."""
-        store = self._stall_store
-        if store is None:
-            return None
-        try:
-            store.set(f"stalled/{self._rank}", str(self.current_step))
-            time.sleep(3.0)
-            missing = [r for r in range(self._world) if not store.check([f"stalled/{r}"])]
-        except Exception:  # noqa: BLE001 - no store, no explanation
-            return None
-        if not missing:
-            return None
-        return (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} stopped taking part "
-                f"(did not check in after the failed collective at step {self.current_step})")
 
     def _rendezvous(self, timeout: datetime.timedelta):
         """The store, once every rank has checked in at it; a rank that does not come within the
@@ -142,6 +107,12 @@ class DDPBackend(Backend):
         seconds = f"--timeout {timeout.total_seconds():g} s"
         try:
             store = self._store(timeout)
+        except OSError as exc:  # binding MASTER_PORT ourselves
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(f"MASTER_PORT {os.environ.get('MASTER_PORT')} is already in use on this host; "
+                                 "export a free MASTER_PORT (python -m common.doctor --port N checks one)") from None
+            raise UsageError(f"cannot listen on MASTER_ADDR:MASTER_PORT {where} on this host ({exc.strerror}); "
+                             "MASTER_ADDR must name rank 0's host") from None
         except RuntimeError as exc:
             if "EADDRINUSE" in str(exc) or "address already in use" in str(exc):
                 raise UsageError(f"MASTER_PORT {os.environ.get('MASTER_PORT')} is already in use on this host; "
@@ -170,9 +141,13 @@ class DDPBackend(Backend):
 
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        hosts_store = not agent_hosts_store and self._rank == 0
+        # The store listens only on the address the ranks are told to reach (torch's own would listen on
+        # every interface): 127.0.0.1 for MASTER_ADDR=127.0.0.1, the host's address for its name.
+        listen_fd = _listening_socket(host, port) if hosts_store else None
         # No waiting for the other ranks here: _rendezvous() waits, and can then name who is missing.
-        store = dist.TCPStore(host, port, self._world, is_master=not agent_hosts_store and self._rank == 0,
-                              timeout=timeout, multi_tenant=not agent_hosts_store, wait_for_workers=False)
+        store = dist.TCPStore(host, port, self._world, is_master=hosts_store, timeout=timeout,
+                              multi_tenant=not agent_hosts_store, wait_for_workers=False, master_listen_fd=listen_fd)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         return dist.PrefixStore(f"ddp_train/attempt_{attempt}", store)
 
@@ -197,15 +172,17 @@ class DDPBackend(Backend):
             "launch": self.source,
             "broadcast_buffers": False,
             "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
-            "bucket_cap_mb": self.bucket_mb,
-            "comm_hook": "fp16_compress_hook" if self.compression == "fp16" else "allreduce_hook",
-            "compression": self.compression,
+            "bucket_cap_mb": self.tuning.bucket_mb,
+            "comm_hook": "fp16_compress_hook" if self.tuning.compression == "fp16" else "allreduce_hook",
+            "compression": self.tuning.compression,
             "gradient_average": ("float16: divide by world size, then allreduce sum (fp16_compress_hook)"
-                                 if self.compression == "fp16" else
+                                 if self.tuning.compression == "fp16" else
                                  "divide by world size, then allreduce sum (DDP default hook)"),
-            "accumulate": self.accumulate,
+            "accumulate": self.tuning.accumulate,
+            "deterministic": self.tuning.deterministic,
+            "predivide": self.tuning.predivide,  # DDP divides before the sum either way
             "accumulation": "no_sync() for the first K-1 backward passes of a step",
-            "trace": "torch.profiler chrome trace of rank 0" if self.profile else None,
+            "trace": "torch.profiler chrome trace of rank 0" if self.tuning.profile else None,
         }
 
     # --- training ------------------------------------------------------------------------
@@ -216,8 +193,8 @@ class DDPBackend(Backend):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # Buffers are not broadcast on every forward: Horovod does not either, and the loop
         # synchronises them from rank 0 before evaluating and saving (Backend.broadcast_buffers).
-        ddp = DDP(model, device_ids=device_ids, forward_sync_buffers=False, bucket_cap_mb=self.bucket_mb)
-        reduce = default_hooks.fp16_compress_hook if self.compression == "fp16" else default_hooks.allreduce_hook
+        ddp = DDP(model, device_ids=device_ids, forward_sync_buffers=False, bucket_cap_mb=self.tuning.bucket_mb)
+        reduce = default_hooks.fp16_compress_hook if self.tuning.compression == "fp16" else default_hooks.allreduce_hook
 
         def timed_allreduce(state, bucket):
             # The allreduce hook (plain or float16), noting when the last bucket was handed to the network.
@@ -254,6 +231,19 @@ class DDPBackend(Backend):
         tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return [float(v) for v in tensor.cpu()]
+
+    def all_reduce_(self, tensor):
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+
+    def broadcast_module(self, module):
+        import torch.distributed as dist
+
+        if self._world == 1:
+            return
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.data, src=0)
 
     def broadcast_buffers(self, module):
         import torch.distributed as dist

@@ -2,21 +2,26 @@
 
 import sys
 
-from common.config import parse_config
+from common.entry import main as train_main
 
 DESCRIPTION = ("Train with Horovod ring-allreduce. Launch with horovodrun (--gloo or --mpi), mpirun, "
                "srun under Slurm, or alone for one process.")
 
 
-def main(argv=None) -> int:
-    """Parse the shared options, build the Horovod backend and run the loop."""
-    config = parse_config(argv, prog="hvd_train", description=DESCRIPTION)
-    # torch and the backend are imported only now: bad options fail in a fraction of a second.
-    from common.train import run
-
+def _start():
     from .backend import HorovodBackend
 
-    return run(config, HorovodBackend(), prog="hvd_train")
+    backend = HorovodBackend()
+    if not backend.elastic:
+        return backend, None
+    from .elastic import fit_elastic  # horovodrun --min-np/--max-np: the job's members may change
+
+    return backend, fit_elastic
+
+
+def main(argv=None) -> int:
+    """Train with Horovod; returns the exit code."""
+    return train_main(argv, "hvd_train", DESCRIPTION, _start)
 
 
 if __name__ == "__main__":

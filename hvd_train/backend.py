@@ -11,9 +11,12 @@ import time
 
 import torch
 
-from common.backend import Backend, env_int
+from common.backend import Backend
 from common.config import UsageError
+from common.launch.placement import Placement, detect
 from common.profiling import Trace
+
+from .launch import SIGKILL_GRACE_S
 
 #: On CPU, Horovod's background thread takes a share of a core every cycle (HOROVOD_CYCLE_TIME), and
 #: that share comes out of the ranks' compute. A model with at least this many bytes of gradients has
@@ -27,6 +30,10 @@ LONG_CYCLE_MS = 5
 #: rank's compute and the other ranks need. Yielding when idle gave Horovod/MPI 7-62% more samples/s at
 #: two ranks on two cores and removed 19 ms stalls from its allreduce (BENCHMARKS.md, "Open MPI's busy wait").
 MPI_YIELD_VARIABLE = "OMPI_MCA_mpi_yield_when_idle"
+
+#: Open MPI's mpirun passes SIGINT/SIGTERM on to the ranks this many seconds after it got it, and kills them as
+#: long again later (1 by default): too soon for the ranks to agree to stop and write a final checkpoint.
+SIGKILL_TIMEOUT_VARIABLE = "OMPI_MCA_odls_base_sigkill_timeout"
 
 HOROVOD_MISSING = ("Horovod is not importable in this environment ({error}); run `make setup`, which "
                    "builds horovod 0.28.1 against this torch, or use ddp_train")
@@ -53,6 +60,27 @@ def yield_mpi_when_idle(device: torch.device) -> str:
     return "hvd_train: training on CPU"
 
 
+#: Open MPI's byte-transfer layers. Its TCP one listens on every interface, whatever btl_tcp_if_include
+#: says, and a job whose ranks share one host does not need it: shared memory (vader) carries everything.
+MPI_BTL_VARIABLE = "OMPI_MCA_btl"
+#: selections that leave the TCP transport in: Open MPI's default, and horovodrun --mpi's `-mca btl ^openib`
+BTL_WITH_TCP = ("", "^openib")
+
+
+def one_host_shared_memory(single_host: bool) -> str | None:
+    """Under Open MPI with every rank on this host, select the shared-memory transport only (self,vader)
+    so that no rank listens on a TCP port, unless mpirun was given another choice (`--mca btl ...`).
+    Read by MPI_Init inside hvd.init(). Returns where the value came from (None when not Open MPI)."""
+    if "OMPI_COMM_WORLD_SIZE" not in os.environ:
+        return None
+    if os.environ.get(MPI_BTL_VARIABLE, "") not in BTL_WITH_TCP:
+        return "environment"
+    if not single_host:
+        return "Open MPI's default"
+    os.environ[MPI_BTL_VARIABLE] = "self,vader"
+    return "hvd_train: every rank on this host"
+
+
 class HorovodBackend(Backend):
     """Horovod's DistributedOptimizer averages gradients with hooks fired during backward."""
 
@@ -61,31 +89,18 @@ class HorovodBackend(Backend):
     def __init__(self) -> None:
         super().__init__()
         self.hvd = None
-        # Before hvd.init() the launcher's variables tell who we are (needed to check inputs).
-        self._env_rank = env_int("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
-                                 "SLURM_PROCID", default=0)
-        self._env_local_rank = env_int("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                       "MPI_LOCALRANKID", "SLURM_LOCALID", default=0)
+        self._launched_as = detect()
 
     def check_environment(self) -> None:
         """Raise UsageError when Horovod cannot be used here."""
         self.hvd = import_horovod()
 
-    @property
-    def rank(self) -> int:
-        return self.hvd.rank() if self._initialised() else self._env_rank
-
-    @property
-    def local_rank(self) -> int:
-        return self.hvd.local_rank() if self._initialised() else self._env_local_rank
-
-    @property
-    def local_world_size(self) -> int:
-        return self.hvd.local_size()
-
-    @property
-    def world_size(self) -> int:
-        return self.hvd.size()
+    def placement(self) -> Placement:
+        if not self._initialised():  # before hvd.init() the launcher's variables tell who we are
+            return self._launched_as
+        hvd = self.hvd
+        return Placement(self._launched_as.launcher, self._launched_as.family, hvd.rank(), hvd.size(),
+                         hvd.local_rank(), hvd.local_size())
 
     @property
     def elastic(self) -> bool:
@@ -104,31 +119,37 @@ class HorovodBackend(Backend):
         # --bucket-mb wins over a HOROVOD_FUSION_THRESHOLD from the environment (describe() records both).
         self._env_fusion_threshold = os.environ.get("HOROVOD_FUSION_THRESHOLD")
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(self.fusion_threshold_bytes)
-        if self._env_fusion_threshold not in (None, os.environ["HOROVOD_FUSION_THRESHOLD"]) and self._env_rank == 0:
+        if self._env_fusion_threshold not in (None, os.environ["HOROVOD_FUSION_THRESHOLD"]) and self._launched_as.rank == 0:
             print(f"hvd_train: HOROVOD_FUSION_THRESHOLD={self._env_fusion_threshold} is overridden by --bucket-mb "
-                  f"{self.bucket_mb:g} ({self.fusion_threshold_bytes} bytes)", flush=True)
+                  f"{self.tuning.bucket_mb:g} ({self.fusion_threshold_bytes} bytes)", flush=True)
         self._choose_cycle_time()
         self.mpi_yield_source = yield_mpi_when_idle(self.device)
-        if self.profile:
+        self.mpi_btl_source = one_host_shared_memory(self._launched_as.single_host)
+        if self.tuning.profile:
             # hvd.start_timeline() works only when the timeline was enabled at init.
             os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
         self.hvd.init()
         if self.hvd.mpi_enabled() and self.mpi_yield_source.startswith("hvd_train") and self.hvd.rank() == 0:
             print(f"hvd_train: {MPI_YIELD_VARIABLE}=1 (training on CPU: Open MPI yields the core while it waits); "
                   f"set it to 0 or pass mpirun --mca mpi_yield_when_idle 0 to busy-poll", flush=True)
+        if "OMPI_COMM_WORLD_SIZE" in os.environ and SIGKILL_TIMEOUT_VARIABLE not in os.environ \
+                and self.hvd.rank() == 0:
+            print(f"hvd_train: mpirun kills the ranks 1 s after it passes Ctrl-C or SIGTERM on, too soon for a final "
+                  f"checkpoint; pass mpirun --mca odls_base_sigkill_timeout {SIGKILL_GRACE_S} (horovodrun --mpi: "
+                  f"--mpi-args=\"--mca odls_base_sigkill_timeout {SIGKILL_GRACE_S}\")", flush=True)
 
     def _choose_cycle_time(self) -> None:
         """HOROVOD_CYCLE_TIME as given (horovodrun --cycle-time-ms sets it too); when unset, a longer
         cycle for a large model trained on CPU, else Horovod's own default. Read by hvd.init()."""
-        mb = self.gradient_bytes / 2**20
+        mb = self.tuning.gradient_bytes / 2**20
         if not os.environ.get("HOROVOD_CYCLE_TIME"):
             os.environ.pop("HOROVOD_CYCLE_TIME", None)  # empty: Horovod would read 0 ms, a busy loop
         if os.environ.get("HOROVOD_CYCLE_TIME"):
             self.cycle_time_source = "environment"
-        elif self.gradient_bytes >= LONG_CYCLE_MIN_GRADIENT_BYTES and self.device.type == "cpu":
+        elif self.tuning.gradient_bytes >= LONG_CYCLE_MIN_GRADIENT_BYTES and self.device.type == "cpu":
             os.environ["HOROVOD_CYCLE_TIME"] = str(LONG_CYCLE_MS)
             self.cycle_time_source = f"hvd_train: {mb:.0f} MB of gradients on CPU"
-            if self._env_rank == 0:
+            if self._launched_as.rank == 0:
                 print(f"hvd_train: HOROVOD_CYCLE_TIME={LONG_CYCLE_MS} (the model has {mb:.0f} MB of gradients and "
                       "trains on CPU); set HOROVOD_CYCLE_TIME to choose another", flush=True)
         else:
@@ -150,20 +171,31 @@ class HorovodBackend(Backend):
             "cycle_time_source": getattr(self, "cycle_time_source", None),
             "mpi_yield_when_idle": os.environ.get(MPI_YIELD_VARIABLE) if hvd.mpi_enabled() else None,
             "mpi_yield_source": getattr(self, "mpi_yield_source", None) if hvd.mpi_enabled() else None,
-            "compression": self.compression,
-            "gradient_average": ("float16: allreduce sum, then scale by 1/world size (Compression.fp16, op=Average)"
-                                 if self.compression == "fp16" else
-                                 "allreduce sum, then scale by 1/world size (op=Average)"),
-            "backward_passes_per_step": self.accumulate,
+            "mpi_btl": os.environ.get(MPI_BTL_VARIABLE) if hvd.mpi_enabled() else None,
+            "mpi_btl_source": getattr(self, "mpi_btl_source", None) if hvd.mpi_enabled() else None,
+            "compression": self.tuning.compression,
+            "gradient_average": self._gradient_average(),
+            "deterministic": self.tuning.deterministic,
+            "predivide": self.tuning.predivide,
+            "backward_passes_per_step": self.tuning.accumulate,
             "elastic": self.elastic,
             "trace": "Horovod timeline (HOROVOD_TIMELINE=DYNAMIC, start_timeline/stop_timeline)"
-                     if self.profile else None,
+                     if self.tuning.profile else None,
         }
+
+    def _gradient_average(self) -> str:
+        """How this backend averages gradients, in words, for config.json."""
+        dtype = "float16: " if self.tuning.compression == "fp16" else ""
+        if self.tuning.predivide:
+            return dtype + "scale by 1/world size, then allreduce sum (gradient_predivide_factor = world size)"
+        return dtype + "allreduce sum, then scale by 1/world size (op=Average)"
 
     @property
     def fusion_threshold_bytes(self) -> int:
-        """--bucket-mb in bytes, for HOROVOD_FUSION_THRESHOLD (MB = 2**20 bytes, as DDP's bucket_cap_mb)."""
-        return int(self.bucket_mb * 1024 * 1024)
+        """--bucket-mb in bytes, for HOROVOD_FUSION_THRESHOLD (MB = 2**20 bytes, as DDP's bucket_cap_mb);
+        0 (no fusion) with --deterministic: which tensors a fused buffer holds follows their timing, and
+        where a gradient sits in the buffer decides the order its sum is added in on 3 ranks or more."""
+        return 0 if self.tuning.deterministic else int(self.tuning.bucket_mb * 1024 * 1024)
 
     # --- training ------------------------------------------------------------------------
     def wrap(self, model, optimizer):
@@ -176,30 +208,15 @@ class HorovodBackend(Backend):
         # backward_passes_per_step=K: gradients add up locally over K backward passes, then the sum is
         # averaged over ranks (op=Average divides by world size only; the loop divides the loss by K),
         # which is what DDP's no_sync() accumulation gives.
-        compression = layout_preserving(hvd.Compression.fp16 if self.compression == "fp16" else hvd.Compression.none)
+        compression = layout_preserving(hvd.Compression.fp16 if self.tuning.compression == "fp16" else hvd.Compression.none)
+        # --predivide: divide by the world size before the sum, as DDP does (Horovod: gradient_predivide_factor
+        # divides by the factor before the sum and by world size / factor after it).
+        predivide = float(self.world_size) if self.tuning.predivide else 1.0
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              op=hvd.Average, compression=compression,
-                                             backward_passes_per_step=self.accumulate)
+                                             backward_passes_per_step=self.tuning.accumulate,
+                                             gradient_predivide_factor=predivide)
         return model, optimizer
-
-    def run_training(self, train, trainer) -> int:
-        if not self.elastic:
-            return train()
-        from .elastic import make_state, rejoin
-
-        hvd = self.hvd
-        self._committed = make_state(hvd)
-
-        @hvd.elastic.run
-        def elastic_train(state):
-            rejoin(hvd, state, trainer)
-            return train()
-
-        return elastic_train(self._committed)
-
-    def commit(self, state: dict) -> None:
-        if self.elastic:
-            self._committed.keep(state)
 
     @contextlib.contextmanager
     def gradients_ready(self, optimizer):
@@ -222,6 +239,12 @@ class HorovodBackend(Backend):
     def all_reduce_sum(self, values):
         tensor = torch.tensor(list(values), dtype=torch.float64)
         return [float(v) for v in self.hvd.allreduce(tensor, op=self.hvd.Sum)]
+
+    def all_reduce_(self, tensor):
+        self.hvd.allreduce_(tensor, op=self.hvd.Sum)
+
+    def broadcast_module(self, module):
+        broadcast_state(self.hvd, module.state_dict())
 
     def broadcast_buffers(self, module):
         if self.world_size == 1:

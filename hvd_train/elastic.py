@@ -8,7 +8,8 @@ members, `hvd.elastic.run` re-initialises Horovod and runs the training function
 
 - the same world size: the newest commit, so a replaced worker costs only the steps since then;
 - another world size: the newest commit made at an epoch boundary, because the sample order of an
-  epoch depends on the world size (the same rule as resuming from a checkpoint file).
+  epoch depends on the world size (the same rule as resuming from a checkpoint file); under
+  --reduction exact nothing depends on the world size, so the newest commit again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import copy
 from typing import Optional
 
 from common.checkpoint import CheckpointError
+
+from .backend import broadcast_state
 
 
 def make_state(hvd):
@@ -41,7 +44,8 @@ def make_state(hvd):
             """The commit a job of `world_size` ranks can continue from exactly."""
             if self.latest is None:
                 return None
-            if self.latest["world_size"] == world_size or self.latest["batch"] == 0:
+            exact = self.latest["settings"].get("reduction") == "exact"
+            if exact or self.latest["world_size"] == world_size or self.latest["batch"] == 0:
                 return self.latest
             return self.epoch_start
 
@@ -59,17 +63,30 @@ def make_state(hvd):
     return CommittedState()
 
 
+def fit_elastic(trainer) -> int:
+    """Trainer.fit under hvd.elastic.run: every checkpoint is also committed on every rank, and after the
+    job's members change every rank continues from one commit (rejoin) and fits again."""
+    hvd = trainer.backend.hvd
+    committed = make_state(hvd)
+    trainer.checkpointer.on_save.append(committed.keep)
+
+    @hvd.elastic.run
+    def elastic_fit(state):
+        rejoin(hvd, state, trainer)
+        return trainer.fit()
+
+    return elastic_fit(committed)
+
+
 def rejoin(hvd, state, trainer) -> None:
     """Bring every rank to one committed state. Collective; the first thing each (re)start does."""
+    trainer.backend.start_liveness()  # the members and their ranks may have changed
     steps = hvd.allgather_object(state.latest["step"] if state.latest is not None else -1)
     newest = max(steps)
     if newest < 0:
         # The job starts: every rank built the same model and position; rank 0's weights win, as in wrap().
-        from .backend import broadcast_state
-
         broadcast_state(hvd, trainer.plain_model.state_dict())
-        trainer.open_run_dir(keep_until_step=trainer.position.step if trainer.position.resumed_from else None)
-        state.keep(trainer.start_state())
+        state.keep(trainer.state_dict())
         return
     root = steps.index(newest)
     chosen = state.choose(hvd.size()) if hvd.rank() == root else None
@@ -79,4 +96,6 @@ def rejoin(hvd, state, trainer) -> None:
             f"elastic: the world size changed to {hvd.size()} in the middle of an epoch before any epoch-end "
             "state was committed; restart with --resume auto")
     where = "epoch end" if chosen["batch"] == 0 else "mid-epoch"
-    trainer.restore(chosen, origin=f"the elastic commit at step {chosen['step']} ({where})")
+    origin = f"the elastic commit at step {chosen['step']} ({where})"
+    trainer.load_state_dict(chosen, origin=origin)
+    trainer.note(f"elastic: {hvd.size()} ranks continue from {origin}")

@@ -2,7 +2,8 @@
 # Build a Horovod wheel from its PyPI source against the torch in the given interpreter.
 #   build_horovod.sh PYTHON VERSION {cpu|nccl} OUT_DIR
 # Horovod 0.28.1 (its last release) predates torch 2.14; the patches below are the minimum
-# that make it build, each explained where it is applied.
+# that make it build, each explained where it is applied, and one that keeps horovodrun's
+# rendezvous on the address its workers use (loopback for a one-host job).
 set -euo pipefail
 PY="$1"; VERSION="$2"; FLAVOUR="$3"; OUT="$4"
 
@@ -20,6 +21,28 @@ SRC="$WORK/horovod-$VERSION"
 # refuse anything older than C++20, so the torch extension is built as C++20.
 sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$SRC/CMakeLists.txt"
 sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$SRC/horovod/torch/CMakeLists.txt"
+
+# horovodrun's Gloo rendezvous server listens on every interface; its workers reach it at the driver's
+# address (127.0.0.1 when every host is this one), so bind it there: a one-host job then listens on
+# loopback only. (The elastic driver starts its server before that address is known: unchanged.)
+"$PY" - "$SRC" <<'PYEOF'
+import pathlib, sys
+src = pathlib.Path(sys.argv[1]) / "horovod" / "runner"
+edits = [
+    ("util/network.py", "def find_port(server_factory):", "def find_port(server_factory, host=''):"),
+    ("util/network.py", "addr = ('', port)", "addr = (host, port)"),
+    ("http/http_server.py", "def start(self, handler_cls=RendezvousHandler):",
+     "def start(self, handler_cls=RendezvousHandler, host=''):"),
+    ("http/http_server.py", "addr, handler_cls, self._verbose))", "addr, handler_cls, self._verbose), host)"),
+    ("gloo_run.py", "global_rendezv_port = rendezvous.start()", "global_rendezv_port = rendezvous.start(host=server_ip)"),
+]
+for name, old, new in edits:
+    path = src / name
+    text = path.read_text()
+    if text.count(old) != 1:
+        sys.exit(f"rendezvous bind patch: {old!r} not found exactly once in {path}")
+    path.write_text(text.replace(old, new))
+PYEOF
 
 if [ "$FLAVOUR" = cpu ]; then
     # Horovod builds a CUDA extension whenever torch is a CUDA build and nvcc exists, which then

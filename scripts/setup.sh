@@ -9,6 +9,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 HOROVOD_VERSION="0.28.1"
+# Raised whenever scripts/build_horovod.sh changes what it builds, so that a cached wheel of an older
+# build is not reused.
+BUILD_REVISION="2"
 CACHE_DIR="${HVD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-ddp-compare/wheels}"
 
 # pip here warns about every configured local index folder it cannot find; hide only those lines.
@@ -65,7 +68,11 @@ horovod_ok() {
     "$PY" - <<'PYEOF' 2>/dev/null
 import sys
 import horovod, horovod.torch as hvd
-ok = horovod.__version__ == "0.28.1" and hvd.gloo_built() and hvd.mpi_built()
+import inspect
+from horovod.runner.util.network import find_port
+# build revision 2: horovodrun's rendezvous binds to the driver's address (scripts/build_horovod.sh)
+patched = "host" in inspect.signature(find_port).parameters
+ok = horovod.__version__ == "0.28.1" and hvd.gloo_built() and hvd.mpi_built() and patched
 sys.exit(0 if ok else 1)
 PYEOF
 }
@@ -76,7 +83,7 @@ else
     TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')"
     PYTAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
     if have_cuda_runtime; then FLAVOUR=nccl; else FLAVOUR=cpu; fi
-    WHEEL_DIR="$CACHE_DIR/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-$PYTAG-$FLAVOUR"
+    WHEEL_DIR="$CACHE_DIR/horovod-$HOROVOD_VERSION-r$BUILD_REVISION-torch$TORCH_VERSION-$PYTAG-$FLAVOUR"
     wheel="$(ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -n1 || true)"
     if [ -z "$wheel" ]; then
         log "building horovod $HOROVOD_VERSION for torch $TORCH_VERSION ($FLAVOUR); about 5 minutes on 2 cores"

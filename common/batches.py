@@ -1,0 +1,86 @@
+"""The batches of this rank at the current world size: loaders, steps per epoch, the last step.
+
+With --reduction allreduce a step is one optimizer step over --accumulate micro-batches (loader
+batches) of the per-rank batch (--batch-size, or --global-batch / world size); an epoch's incomplete
+tail of micro-batches is dropped. With --reduction exact a step takes one loader batch per rank: this
+rank's contiguous block of micro-batches of the step's global batch, the same global batches at every
+world size. Positions inside an epoch are counted in loader batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator, List
+
+import torch
+
+from .backend import Backend
+from .config import Config, UsageError, exact_global_batch
+from .data import make_loaders
+
+
+class Batches:
+    """This rank's training and validation batches, and how many steps the run takes."""
+
+    def __init__(self, config: Config, train_set, val_set, backend: Backend, device: torch.device) -> None:
+        self.config = config
+        self.rank, self.world_size = backend.rank, backend.world_size
+        self.exact = config.reduction == "exact"
+        world = self.world_size
+        if self.exact:
+            self.global_batch = exact_global_batch(config)
+            self.micro_batches = self.global_batch // config.micro_batch
+            if self.micro_batches % world:
+                raise UsageError(f"--global-batch {self.global_batch} makes {self.micro_batches} micro-batches of "
+                                 f"{config.micro_batch}, which {world} ranks cannot share equally; use a world size "
+                                 f"that divides {self.micro_batches}, or change --global-batch or --micro-batch")
+            self.per_rank_batch, self.accumulate = self.global_batch // world, 1
+        else:
+            if config.global_batch is not None and config.global_batch % world:
+                raise UsageError(f"--global-batch {config.global_batch} does not divide among {world} ranks; give a "
+                                 f"multiple of {world}")
+            self.per_rank_batch = config.global_batch // world if config.global_batch else config.batch_size
+            self.accumulate = config.accumulate
+            self.global_batch = self.per_rank_batch * world * self.accumulate
+        self.train_loader, self.val_loader, self.sampler = make_loaders(
+            config, train_set, val_set, self.rank, world, pin_memory=device.type == "cuda",
+            batch_size=self.per_rank_batch, global_batch=self.global_batch if self.exact else None)
+        self.steps_per_epoch = len(self.train_loader) // self.accumulate
+        if self.steps_per_epoch == 0:
+            if self.exact:
+                raise UsageError(f"the {len(train_set)} training samples make no global batch of {self.global_batch}; "
+                                 "lower --global-batch")
+            raise UsageError(f"--accumulate {config.accumulate} is more than the {len(self.train_loader)} batches "
+                             "per rank in an epoch; lower --accumulate or --batch-size")
+        self.batches_per_epoch = self.steps_per_epoch * self.accumulate
+        self.total_steps = self.last_step(from_epoch=0, from_step=0)
+
+    def placed_as(self, backend: Backend) -> bool:
+        """Whether these batches are the ones of `backend`'s rank and world size."""
+        return (self.rank, self.world_size) == (backend.rank, backend.world_size)
+
+    def last_step(self, from_epoch: int, from_step: int) -> int:
+        """The run's last step when it continues at this world size from (epoch, step): the rest of the
+        epochs at this world size's steps per epoch, capped by --max-steps."""
+        total = from_step + (self.config.epochs - from_epoch) * self.steps_per_epoch
+        return total if self.config.max_steps is None else min(total, self.config.max_steps)
+
+    def epoch(self, epoch: int, skip: int) -> Iterator[List]:
+        """The groups of loader batches (one per step) of `epoch`, leaving out its first `skip` loader batches."""
+        self.sampler.set_epoch(epoch)
+        self.sampler.skip = skip if self.exact else skip * self.per_rank_batch
+        return grouped(self.train_loader, self.accumulate)
+
+    def finished(self, batch: int) -> bool:
+        """Whether `batch` loader batches complete an epoch."""
+        return batch >= self.batches_per_epoch
+
+
+def grouped(iterable, k: int) -> Iterator[List]:
+    """Consecutive lists of `k` items; an incomplete last list is dropped."""
+    it = iter(iterable)
+    while True:
+        group = list(itertools.islice(it, k))
+        if len(group) < k:
+            return
+        yield group

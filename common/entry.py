@@ -1,0 +1,19 @@
+"""The program behind `python -m ddp_train` and `python -m hvd_train`: parse the shared options, then
+(only then importing torch, so bad options fail in a fraction of a second) build the backend and train."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Tuple
+
+from .config import parse_config
+
+
+def main(argv: Optional[Sequence[str]], prog: str, description: str,
+         start: Callable[[], Tuple[object, Optional[Callable]]]) -> int:
+    """Parse `argv`; `start()` imports and builds the backend and says how to fit (None: Trainer.fit).
+    Returns the process exit code."""
+    config = parse_config(argv, prog=prog, description=description)
+    from .train import run
+
+    backend, fit = start()
+    return run(config, backend, prog=prog, fit=fit)

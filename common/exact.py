@@ -1,0 +1,161 @@
+"""--reduction exact: one optimizer step with the same bits on both backends, at every world size.
+
+The step's global batch is cut into micro-batches of --micro-batch samples, numbered in the order of
+the global batch; each rank computes a contiguous block of them, one after the other, each exactly as
+any other world size would compute it (the same samples, weights, thread count and random numbers).
+What would make the result depend on who computed what is taken out:
+
+- the sum of gradients: fixed-point integers, summed by the backend's integer allreduce (fixedpoint.py);
+- the order of anything else summed: each micro-batch's loss, correct count, largest gradient and
+  BatchNorm statistics travel in one float64 vector where every value has its own slot, zero elsewhere,
+  so the allreduce adds only zeros to it (x + 0 = x exactly), and every rank then reads all values and
+  combines them in micro-batch order;
+- random numbers (dropout): drawn from a generator seeded by (seed, step, micro-batch);
+- BatchNorm running statistics: folded in micro-batch order on every rank (shardstats.py).
+
+Clipping and the optimizer then act on the same gradients on every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import List, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .backend import Backend
+from .batches import Batches
+from .config import Config
+from .finite import NonFinite
+from .fixedpoint import FixedPoint, tensor_maxima
+from .metrics import SumMeter
+from .precision import Precision
+from .shardstats import ShardStatistics
+
+
+def micro_batch_seed(seed: int, step: int, micro_batch: int) -> int:
+    """The random seed of one micro-batch of one step: the same whichever rank computes it."""
+    digest = hashlib.blake2b(f"{seed}/{step}/{micro_batch}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class ExactStep:
+    """A step of --reduction exact on this rank's block of micro-batches (see the module's docstring)."""
+
+    #: the epoch's training metrics it adds are the global ones, the same on every rank
+    global_meter = True
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, backend: Backend,
+                 precision: Precision, config: Config, batches: Batches) -> None:
+        self.model, self.optimizer, self.backend, self.precision = model, optimizer, backend, precision
+        self.clip_grad_norm, self.seed, self.micro_batch = config.clip_grad_norm, config.seed, config.micro_batch
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.count = batches.micro_batches
+        self.world = backend.world_size
+        self.local = self.count // self.world
+        self.first = backend.rank * self.local
+        self.fixed = FixedPoint([p.numel() for p in self.params], self.count)
+        self.stats = ShardStatistics(model)
+        self.chunk = max(1, int(config.bucket_mb * 2**20) // 8)  # int64 elements per integer allreduce
+        self._comm_s = 0.0
+        # Slots of the exchanged vector: losses, correct counts, each rank's largest gradients, whether
+        # each rank's gradients fitted the scales, BatchNorm statistics of each micro-batch.
+        tensors = len(self.params)
+        self._losses = slice(0, self.count)
+        self._correct = slice(self._losses.stop, 2 * self.count)
+        self._maxima = slice(self._correct.stop, self._correct.stop + self.world * tensors)
+        self._unfit = slice(self._maxima.stop, self._maxima.stop + self.world)
+        self._stats = slice(self._unfit.stop, self._unfit.stop + self.count * self.stats.width)
+        self.width = self._stats.stop
+
+    def __call__(self, group: List[Tuple[torch.Tensor, torch.Tensor]], meter: SumMeter,
+                 step: int) -> Tuple[torch.Tensor, int]:
+        """Compute, sum and apply the gradients of `step`; add the step's global metrics to `meter`.
+        Returns (the mean loss over the global batch, samples in the global batch)."""
+        (images, labels), = group
+        shards = list(zip(images.split(self.micro_batch), labels.split(self.micro_batch)))
+        while True:
+            exchanged, integers, fitted = self._micro_batches(shards, step)
+            self._all_reduce(exchanged)
+            maxima = exchanged[self._maxima].view(self.world, -1).max(dim=0).values
+            if not bool(torch.isfinite(maxima).all()):
+                raise NonFinite(f"a gradient is not finite at step {step + 1}; stopping without writing a checkpoint "
+                                "(the last good one is kept); lower --lr or check the data")
+            if fitted and not bool(exchanged[self._unfit].any()):
+                break
+            self.fixed.rescale(maxima)  # a gradient outgrew its scale (or the first step): again, to scale
+        for start in range(0, integers.numel(), self.chunk):
+            self._all_reduce(integers[start:start + self.chunk])
+        mean = self.fixed.to_floats(integers, self.count)
+        offset = 0
+        for p in self.params:
+            p.grad = torch.empty_like(p)
+            p.grad.copy_(mean[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        self.fixed.rescale(maxima)  # the next step's scales, from this step's largest gradients
+        if self.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
+        self.optimizer.step()
+        self.stats.fold_in(exchanged[self._stats].view(self.count, -1))
+        losses, correct = exchanged[self._losses].tolist(), exchanged[self._correct].tolist()
+        loss_sum = 0.0
+        for value in losses:  # in micro-batch order, so the sums are the same at every world size
+            loss_sum += value * self.micro_batch
+        meter.add(self.count * self.micro_batch, loss=torch.tensor(loss_sum), correct=torch.tensor(float(sum(correct))))
+        return torch.tensor(loss_sum / (self.count * self.micro_batch)), self.count * self.micro_batch
+
+    def _micro_batches(self, shards, step: int):
+        """This rank's micro-batches: their integer gradient sum (or None when a gradient outgrew its
+        scale) and the vector of values to exchange."""
+        device = self.params[0].device
+        exchanged = torch.zeros(self.width, dtype=torch.float64, device=device)
+        integers = torch.zeros(sum(p.numel() for p in self.params), dtype=torch.int64, device=device)
+        local_maxima = torch.zeros(len(self.params), dtype=torch.float64, device=device)
+        fitted = True
+        stats = exchanged[self._stats].view(self.count, -1)
+        for i, (x, y) in enumerate(shards):
+            index = self.first + i
+            torch.manual_seed(micro_batch_seed(self.seed, step, index))
+            for p in self.params:
+                p.grad = None
+            with self.stats.capture(stats[index]):  # around backward too: it reads the running statistics
+                with self.precision.autocast():
+                    logits = self.model(x)
+                    loss = F.cross_entropy(logits, y)
+                loss.backward()
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            maxima = tensor_maxima(grads)
+            local_maxima = torch.maximum(local_maxima, maxima)
+            fitted = fitted and self.fixed.fits(maxima)
+            if fitted:
+                integers += self.fixed.to_integers(torch.cat([g.reshape(-1) for g in grads]))
+            exchanged[self._losses][index] = loss.detach().to(torch.float64)
+            exchanged[self._correct][index] = (logits.detach().argmax(dim=1) == y).sum().to(torch.float64)
+        exchanged[self._maxima].view(self.world, -1)[self.backend.rank] = local_maxima
+        exchanged[self._unfit][self.backend.rank] = 0.0 if fitted else 1.0
+        return exchanged, integers, fitted
+
+    def _all_reduce(self, tensor: torch.Tensor) -> None:
+        started = time.perf_counter()
+        self.backend.all_reduce_(tensor)
+        self._comm_s += time.perf_counter() - started
+
+    def bytes_per_step(self) -> int:
+        """Bytes each rank hands the allreduces per step (none repeated): int64 gradient sums and the
+        float64 vector of per-micro-batch values."""
+        return 8 * sum(p.numel() for p in self.params) + 8 * self.width
+
+    def take_comm_seconds(self) -> float:
+        """Seconds spent in this step's collectives since the last call (none of it hidden by compute)."""
+        seconds, self._comm_s = self._comm_s, 0.0
+        return seconds
+
+    def state_dict(self) -> dict:
+        """What a checkpoint must keep for the next step to round as an undisturbed run would."""
+        return self.fixed.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        """Restore it."""
+        self.fixed.load_state_dict(state)

@@ -1,0 +1,87 @@
+"""Gradients as fixed-point integers, so that their sum is the same in any order, on any number of ranks.
+
+Floating-point addition is not associative: (a + b) + c and a + (b + c) can differ in the last bit, so
+a sum grouped differently by another world size or another backend gives other bits. Integer addition
+is associative. Each micro-batch's gradient is turned into integers with a scale 2**k per parameter
+tensor that every rank agrees on, the integers are summed (locally, then by the backends' integer
+allreduce), and the sum is turned back: the same integers, hence the same bits, everywhere.
+
+The scale of a tensor is chosen from the largest gradient element seen in the previous step, with
+HEADROOM_BITS to spare, so that the sum of all micro-batches stays within int64. When a gradient
+grows past that (and at the first step, which has no previous one) the step is computed again with a
+scale from the maxima just measured. An element far smaller than its tensor's largest one (below
+2**-(62 - HEADROOM_BITS - log2 micro-batches) of it) is rounded to that resolution: far below float32's
+own rounding of the sum for every element within 2**24 of the largest.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence
+
+import torch
+
+#: bits of growth a gradient may show from one step to the next before its step is computed again
+HEADROOM_BITS = 8
+#: int64 leaves 62 bits for magnitudes, the sign and one bit of carry aside
+MAGNITUDE_BITS = 62
+
+
+class FixedPoint:
+    """Per-tensor scales and the conversions between float gradients and their integer sums."""
+
+    def __init__(self, sizes: Sequence[int], micro_batches: int) -> None:
+        self.sizes = list(sizes)
+        self.sum_bits = max(math.ceil(math.log2(micro_batches)), 0)  # bits the sum of all micro-batches adds
+        self.exponents: Optional[List[int]] = None  # per tensor: its largest element is below 2**exponent
+        self._scale_vector: Optional[torch.Tensor] = None
+
+    # --- the scales ---------------------------------------------------------------------------------
+    def fits(self, maxima: torch.Tensor) -> bool:
+        """Whether gradients with these per-tensor largest magnitudes fit the current scales."""
+        if self.exponents is None:
+            return False
+        return all(_exponent(m) <= e + HEADROOM_BITS for m, e in zip(maxima.tolist(), self.exponents))
+
+    def rescale(self, maxima: torch.Tensor) -> None:
+        """Scales for gradients whose per-tensor largest magnitudes are `maxima` (the same on every rank)."""
+        self.exponents = [_exponent(m) for m in maxima.tolist()]
+        self._scale_vector = None
+
+    def _scales(self, device: torch.device) -> torch.Tensor:
+        """2**k per element, float64: a tensor's largest element, grown by up to HEADROOM_BITS, maps below
+        2**(62 - sum_bits), so the sum over all micro-batches stays below 2**62."""
+        if self._scale_vector is None or self._scale_vector.device != device:
+            ks = [MAGNITUDE_BITS - self.sum_bits - HEADROOM_BITS - e for e in self.exponents]
+            per_tensor = torch.tensor([2.0 ** k for k in ks], dtype=torch.float64, device=device)
+            self._scale_vector = torch.repeat_interleave(per_tensor, torch.tensor(self.sizes, device=device))
+        return self._scale_vector
+
+    # --- the conversions ----------------------------------------------------------------------------
+    def to_integers(self, flat: torch.Tensor) -> torch.Tensor:
+        """A flat float gradient as int64 multiples of each tensor's 2**-k (exact scaling, then rounding)."""
+        return torch.round(flat.to(torch.float64) * self._scales(flat.device)).to(torch.int64)
+
+    def to_floats(self, total: torch.Tensor, count: int) -> torch.Tensor:
+        """The mean over `count` micro-batches of the summed integers, as float32."""
+        return (total.to(torch.float64) / self._scales(total.device) / count).to(torch.float32)
+
+    def state_dict(self) -> dict:
+        """The scales, for a checkpoint: a resumed run must round the next step exactly as the first run."""
+        return {"exponents": self.exponents}
+
+    def load_state_dict(self, state: Optional[dict]) -> None:
+        """Restore the scales (None: the next step measures them)."""
+        self.exponents = list(state["exponents"]) if state and state.get("exponents") is not None else None
+        self._scale_vector = None
+
+
+def _exponent(value: float) -> int:
+    """The e with value < 2**e (0 for a zero tensor)."""
+    return math.frexp(value)[1] if value > 0 else 0
+
+
+def tensor_maxima(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The largest magnitude of each tensor, float64 (exactly the float32 values)."""
+    return torch.stack([t.detach().abs().max().to(torch.float64) if t.numel() else
+                        torch.zeros((), dtype=torch.float64, device=t.device) for t in tensors])

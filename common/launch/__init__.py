@@ -1,0 +1,15 @@
+"""The launch layer: which launchers exist (declared by the backends), starting and stopping jobs
+through them, and telling, inside a process, which launcher and rank it runs under.
+
+- registry: `Launcher`, `get(name)`, `launchers()`, `find(backend, controller)`;
+- jobs: `Job` (own process group, captured output, time limit, teardown), `run`, `job_env`;
+- placement: `detect()` -> `Placement` (launcher, rank, world size, local rank and size), `rank_hint`,
+  `default_threads`.
+"""
+
+from .jobs import Job, JobTimeout, Result, job_env, run, still_running
+from .placement import Placement, cores, default_threads, detect, rank_hint
+from .registry import Launcher, find, get, launchers
+
+__all__ = ["Job", "JobTimeout", "Result", "job_env", "run", "still_running", "Placement", "cores", "default_threads", "detect",
+           "rank_hint", "Launcher", "find", "get", "launchers"]

@@ -1,0 +1,115 @@
+"""What config.json and summary.json say about a run (RunDir writes them; this builds their contents)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from typing import Dict, List, Optional
+
+import psutil
+import torch
+
+from .backend import Backend
+from .batches import Batches
+from .config import Config
+from .data import DataInfo
+from .launch.placement import launcher_name
+from .rundir import weights_sha256
+
+#: installed distributions whose versions can change the numbers (read from their metadata, not imported)
+VERSIONED = ("torch", "torchvision", "horovod")
+
+
+def versions() -> Dict[str, Optional[str]]:
+    """Versions of everything that can change the numbers."""
+    found: Dict[str, Optional[str]] = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    found["torch"] = torch.__version__  # with its build tag (+cu128, +cpu)
+    found["cuda"] = torch.version.cuda if torch.cuda.is_available() else None
+    found["platform"] = platform.platform()
+    found["project_git"] = git_revision()
+    return found
+
+
+def git_revision() -> Optional[str]:
+    """The project's git commit, with -dirty when tracked files changed; None outside a checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        rev = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if rev.returncode != 0:
+        return None
+    return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def command_line() -> str:
+    """How this process was started, for the record."""
+    return " ".join([os.path.basename(sys.executable), *sys.argv])
+
+
+def config_record(config: Config, backend: Backend, rank_hosts: List[str], threads: int, info: DataInfo,
+                  train_samples: int, val_samples: int, batches: Batches, precision: Dict, profile: Dict,
+                  resumed_from: Optional[str]) -> Dict:
+    """config.json: the resolved settings and everything about where and how the run ran."""
+    return {
+        "config": config.to_dict(),
+        "backend": backend.describe(),
+        "world_size": backend.world_size,
+        "hosts": sorted(set(rank_hosts)),
+        "rank_hosts": rank_hosts,
+        "launcher": launcher_name(os.environ),
+        "command": command_line(),
+        "threads": threads,
+        "device": str(backend.device),
+        "dataset": {"train_samples": train_samples, "val_samples": val_samples, "channels": info.channels,
+                    "image_size": info.image_size, "num_classes": info.num_classes},
+        "steps_per_epoch": batches.steps_per_epoch,
+        "total_steps": batches.total_steps,
+        "global_batch": batches.global_batch,
+        "per_rank_batch": batches.per_rank_batch,
+        "reduction": config.reduction,
+        "micro_batches_per_step": batches.micro_batches if batches.exact else config.accumulate,
+        "precision": precision,
+        "profile": profile,
+        "resumed_from": resumed_from,
+        "versions": versions(),
+    }
+
+
+def summary_record(config: Config, backend: Backend, steps: int, epochs: int, resumed_from: Optional[str],
+                   global_batch: int, samples_per_s: Optional[float], train_s: float, time_split: Dict,
+                   train: Dict, evaluation: Dict, state: Dict[str, torch.Tensor], reduced_bytes_per_step: int) -> Dict:
+    """summary.json: the run's final numbers and the checksum of its final weights."""
+    return {
+        "backend": backend.name,
+        "backend_options": backend.describe(),
+        "world_size": backend.world_size,
+        "model": config.model,
+        "dataset": config.dataset,
+        "epochs": epochs,
+        "steps": steps,
+        "resumed_from": resumed_from,
+        "global_batch": global_batch,
+        "samples_per_s": samples_per_s,
+        "train_s": train_s,
+        "wall_s": time.time() - psutil.Process().create_time(),  # whole process, imports included
+        "train_loss": train.get("loss"),
+        "train_top1": train.get("top1"),
+        "val_loss": evaluation.get("loss"),
+        "val_top1": evaluation.get("top1"),
+        "val_top5": evaluation.get("top5"),
+        "time_split": time_split,
+        "reduced_bytes_per_step": reduced_bytes_per_step,
+        "weights_sha256": weights_sha256(state),
+    }

@@ -1,0 +1,100 @@
+"""Stop control: signals, the ranks' agreement to stop, and the progress watchdog.
+
+A first SIGINT/SIGTERM asks the job to stop: the ranks agree on it in a tiny collective, write a
+final checkpoint and end with 128 + the signal. A second one stops at once (the default action).
+The ranks agree often enough that a stop takes at most about CHECK_PERIOD_S of training, or one step
+when steps are longer than that: launchers give their workers only seconds after the signal
+(horovodrun 5 s, mpirun --mca odls_base_sigkill_timeout, 1 s by default) before killing them.
+The watchdog ends a rank that made no progress for longer than --timeout plus a grace period: some
+waits (an MPI collective whose peer stopped) have no timeout of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Optional
+
+from .backend import Backend
+from .watchdog import ProgressWatchdog
+
+#: training seconds between the ranks' checks for a stop request (a tiny collective each time)
+CHECK_PERIOD_S = 0.5
+#: at most this many steps between two checks (steps of under a millisecond)
+MAX_CHECK_EVERY = 1000
+#: how much longer than --timeout the progress watchdog waits (the backends' own timeouts go first)
+WATCHDOG_GRACE_S = 2.0
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM asked the job to stop; a checkpoint was written at `step`."""
+
+    def __init__(self, signum: int, step: int) -> None:
+        super().__init__(signum, step)
+        self.signum, self.step = signum, step
+
+
+class StopControl:
+    """Stop requests from signals, agreed across ranks, and the watchdog that ends a stalled rank."""
+
+    def __init__(self, backend: Backend, timeout_s: float, prog: str) -> None:
+        self.backend, self.timeout_s, self.prog = backend, timeout_s, prog
+        self.signal: Optional[int] = None
+        self.watchdog: Optional[ProgressWatchdog] = None
+        self.next_check = 1  # the first check comes after the first step, then at the agreed pace
+        self._last_check_step = 0
+        self._last_check_time = time.monotonic()
+
+    def start(self) -> None:
+        """Install the signal handlers (after the backend's init: MPI may install handlers of its own)
+        and start the watchdog; the backend's own timeouts should fire first."""
+
+        def request_stop(signum, frame):
+            self.signal = signum
+            signal.signal(signum, signal.SIG_DFL)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, request_stop)
+        self._last_check_time = time.monotonic()
+        self.watchdog = ProgressWatchdog(self.timeout_s + WATCHDOG_GRACE_S, self._no_progress)
+
+    def beat(self) -> None:
+        """Progress was made (a step, an evaluation batch, a checkpoint)."""
+        if self.watchdog is not None:
+            self.watchdog.beat()
+
+    def agreed(self, step: int, now: bool = False) -> Optional[int]:
+        """At the agreed steps (or `now`; a collective on every rank): the signal to stop at, if any rank
+        was asked to stop (this rank's signal, or SIGTERM when the request reached only other ranks).
+
+        The ranks also agree on the next check: as many steps as take CHECK_PERIOD_S at the mean step time
+        since the last check. Every rank sums the same integers (microseconds), so every rank computes
+        the same next step, whatever the order of the sum."""
+        if step < self.next_check and not now:
+            return None
+        elapsed_us = round((time.monotonic() - self._last_check_time) * 1e6)
+        asking, total_us = self.backend.all_reduce_sum([1.0 if self.signal else 0.0, float(elapsed_us)])
+        steps = max(step - self._last_check_step, 1)
+        step_us = max(total_us / self.backend.world_size / steps, 1.0)
+        self.next_check = step + min(max(int(CHECK_PERIOD_S * 1e6 // step_us), 1), MAX_CHECK_EVERY)
+        self._last_check_step, self._last_check_time = step, time.monotonic()
+        return (self.signal or int(signal.SIGTERM)) if asking else None
+
+    def close(self) -> None:
+        """Training is over: stop watching."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
+
+    def _no_progress(self, idle_s: float) -> None:
+        """Watchdog expiry: say what is known about the stall, then end this rank at once."""
+        rank = self.backend.rank
+        print(f"[rank {rank}] {self.prog}: error: no progress for {idle_s:.0f} s at step "
+              f"{self.backend.current_step} (--timeout {self.timeout_s:g}); another rank stopped taking "
+              "part in a collective", file=sys.stderr, flush=True)
+        stall = self.backend.explain_stall()
+        if stall:
+            print(f"[rank {rank}] {self.prog}: error: {stall}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
