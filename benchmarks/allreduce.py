@@ -1,108 +1,153 @@
 """Allreduce latency and bus bandwidth against message size, for torch.distributed (torchrun),
 Horovod (horovodrun --gloo / --mpi) and Open MPI alone (mpirun, mpi4py: what Horovod's MPI
-controller calls underneath), next to the machine's memory-copy bandwidth as the limit.
+controller calls underneath), next to two bounds measured on the same machine: the memory-copy
+bandwidth (the limit) and the copy/add floor of a copy-based ring allreduce.
 
     python -m benchmarks.allreduce --np 2,4 --out benchmarks/results
     python -m benchmarks.allreduce --np 2 --min-bytes 4 --max-bytes 1M --iters 2 --out /tmp/ar
+    python -m benchmarks.allreduce --np 2 --backends mpi,horovod-mpi --min-bytes 64M --max-bytes 64M \
+        --mpi-algorithms default,ring,rabenseifner --out /tmp/algorithms
 
 busbw = algbw x 2(n-1)/n with algbw = bytes / time per op (nccl-tests' definitions); time per op
-is the slowest rank's mean over the timed iterations. Writes DIR/allreduce.json and
+is the slowest rank's mean over the timed iterations. --mpi-algorithms measures the Open MPI series
+once per allreduce algorithm Open MPI is told to use. Writes DIR/allreduce.json and
 DIR/allreduce.png and prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
-from .jobs import JobFailed, run_cli, run_job, worker_command
-from .machine import cores, load, machine, print_table, under_load, write_json, csv_ints
+from common.compare import arguments, tables
+
+from .allreduce_worker import MPI_ALGORITHM_VARIABLE
+from .jobs import Workers, run_cli
+from .machine import Record, cores, figure_title, load_note, write_json
 
 #: series name -> launcher that starts it
 SERIES = {"torch": "torchrun", "horovod-gloo": "horovodrun-gloo", "horovod-mpi": "horovodrun-mpi", "mpi": "mpirun"}
 #: series name -> allreduce_worker --backend
 WORKER_BACKEND = {"torch": "torch", "horovod-gloo": "horovod", "horovod-mpi": "horovod", "mpi": "mpi"}
-UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+#: Open MPI's allreduce algorithms by name -> coll_tuned_allreduce_algorithm (`ompi_info --param coll tuned
+#: --level 9`); "default" leaves Open MPI's own decision rules in charge
+MPI_ALGORITHMS = {"default": None, "basic_linear": 1, "nonoverlapping": 2, "recursive_doubling": 3, "ring": 4,
+                  "segmented_ring": 5, "rabenseifner": 6}
+#: the series whose allreduce is Open MPI's
+OPEN_MPI_SERIES = ("mpi", "horovod-mpi")
 
 
-def parse_bytes(text: str) -> int:
-    """'4', '64K', '256M', '1G' (binary units) -> bytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text.upper())
-    if not m or int(m.group(1)) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size; write e.g. 4, 64K, 256M")
-    return int(m.group(1)) * UNITS[m.group(2)]
-
-
-def human(nbytes: float) -> str:
-    for unit in ("G", "M", "K"):
-        if nbytes >= UNITS[unit]:
-            return f"{nbytes / UNITS[unit]:g}{unit}"
-    return f"{nbytes:g}"
+def _best_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
+    """Fastest of `repeats` timed calls, after one untimed call."""
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - started)
+    return min(times)
 
 
 def copy_bandwidth(nbytes: int, repeats: int = 5) -> Dict[str, float]:
     """Memory-copy bandwidth (bytes copied per second, best of `repeats`) with one thread and with
     all cores; on a GPU also device-to-device. The faster CPU copy is the limit on CPU: a CPU
     allreduce moves every byte through memory at least once, so it cannot beat a plain copy."""
-
-    def best(src: torch.Tensor, dst: torch.Tensor, sync=lambda: None) -> float:
-        dst.copy_(src)
-        sync()
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            dst.copy_(src)
-            sync()
-            times.append(time.perf_counter() - started)
-        return src.numel() * src.element_size() / min(times) / 1e9
-
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
+    gbps = lambda seconds: nbytes / seconds / 1e9  # noqa: E731
     threads = torch.get_num_threads()
     out = {"bytes": nbytes}
     try:
         torch.set_num_threads(1)
-        out["cpu_1thread_GBps"] = best(src, dst)
+        out["cpu_1thread_GBps"] = gbps(_best_seconds(lambda: dst.copy_(src), repeats))
         torch.set_num_threads(cores())
-        out["cpu_all_cores_GBps"] = best(src, dst)
+        out["cpu_all_cores_GBps"] = gbps(_best_seconds(lambda: dst.copy_(src), repeats))
     finally:
         torch.set_num_threads(threads)
     # The better of the two: on a busy or small machine the threads can get in each other's way.
     best_threads = 1 if out["cpu_1thread_GBps"] >= out["cpu_all_cores_GBps"] else cores()
     out["limit_GBps"] = max(out["cpu_1thread_GBps"], out["cpu_all_cores_GBps"])
-    out["limit"] = f"CPU memory copy, {best_threads} thread(s), torch.Tensor.copy_ of {human(nbytes)}B"
+    size = tables.size(nbytes, spaced=False)
+    out["limit"] = f"CPU memory copy, {best_threads} thread(s), torch.Tensor.copy_ of {size}B"
     if torch.cuda.is_available():
         g_src, g_dst = src.cuda(), dst.cuda()
-        out["cuda_device_GBps"] = best(g_src, g_dst, torch.cuda.synchronize)
+        out["cuda_device_GBps"] = gbps(_best_seconds(lambda: g_dst.copy_(g_src), repeats, torch.cuda.synchronize))
         out["limit_GBps"] = out["cuda_device_GBps"]
-        out["limit"] = f"GPU device memory copy ({human(nbytes)}B)"
+        out["limit"] = f"GPU device memory copy ({size}B)"
     return out
+
+
+def copy_add_floor(nbytes: int, limit_GBps: float, repeats: int = 5) -> Dict:
+    """The least time a copy-based ring allreduce can take on this CPU, from what one thread (one rank's
+    share of the cores, two ranks on two cores) copies and adds per second on `nbytes` buffers.
+
+    Per rank, a ring allreduce of S bytes over n ranks receives (n-1)/n x S into its memory (a copy), adds
+    it into its own (reads both, writes one) and copies the reduced rest back out: (n-1)/n x S bytes
+    copied twice and added once. So time >= (n-1)/n x S x (2/copy + 1/add) and busbw = algbw x 2(n-1)/n
+    <= 2 / (2/copy + 1/add), whatever S and n."""
+    src = torch.zeros(nbytes // 4, dtype=torch.float32)  # zeros: sums stay zero, no denormals
+    dst = torch.zeros_like(src)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        copy_s = _best_seconds(lambda: dst.copy_(src), repeats)
+        add_s = _best_seconds(lambda: dst.add_(src), repeats)
+    finally:
+        torch.set_num_threads(threads)
+    copy, add = nbytes / copy_s / 1e9, nbytes / add_s / 1e9
+    busbw = 2 / (2 / copy + 1 / add)
+    return {"bytes": nbytes, "threads": 1, "copy_s": copy_s, "add_s": add_s, "copy_GBps": copy, "add_GBps": add,
+            "busbw_GBps": busbw, "of_limit": busbw / limit_GBps}
+
+
+def floor_seconds(nbytes: int, world_size: int, floor: Dict) -> float:
+    """The copy/add floor's time for one allreduce of `nbytes` over `world_size` ranks."""
+    return nbytes * 2 * (world_size - 1) / world_size / floor["busbw_GBps"] / 1e9
+
+
+def algorithm_env(name: Optional[str]) -> Dict[str, str]:
+    """The environment that makes Open MPI (and mpirun's ranks) use allreduce algorithm `name`."""
+    number = MPI_ALGORITHMS[name] if name else None
+    if number is None:
+        return {}
+    return {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", MPI_ALGORITHM_VARIABLE: str(number)}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.allreduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--np", dest="world_sizes", type=csv_ints, default=[2, 4], help="world sizes, e.g. 2,4")
+    p.add_argument("--np", dest="world_sizes", type=arguments.world_sizes, default=[2, 4],
+                   help="world sizes, e.g. 2,4")
     p.add_argument("--backends", default=",".join(SERIES),
                    help=f"comma-separated, from {', '.join(SERIES)}")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="where the JSON and PNG go")
-    p.add_argument("--min-bytes", type=parse_bytes, default=4)
-    p.add_argument("--max-bytes", type=parse_bytes, default=256 * 2**20)
+    p.add_argument("--min-bytes", type=arguments.byte_size, default=4)
+    p.add_argument("--max-bytes", type=arguments.byte_size, default=256 * 2**20)
     p.add_argument("--factor", type=int, choices=(2, 4), default=4, help="message size step")
     p.add_argument("--warmup", type=int, default=3, help="untimed allreduces before each size")
     p.add_argument("--iters", type=int, default=None,
                    help="timed allreduces per size (default: 200 for small messages down to 5 for large)")
-    p.add_argument("--copy-bytes", type=parse_bytes, default=None,
-                   help="buffer for the memory-copy limit (default: max(--max-bytes, 64M))")
+    p.add_argument("--copy-bytes", type=arguments.byte_size, default=None,
+                   help="buffer for the memory-copy limit (default: max(--max-bytes, 64M)); the copy/add floor "
+                        "is measured on half of it (one rank's half of the largest message at world size 2)")
+    p.add_argument("--mpi-algorithms", type=arguments.csv_list(str, tuple(MPI_ALGORITHMS)), default=None,
+                   help="measure the Open MPI series (mpi, horovod-mpi) once per allreduce algorithm, e.g. "
+                        "default,ring,rabenseifner (sets OMPI_MCA_coll_tuned_use_dynamic_rules=1 and "
+                        "OMPI_MCA_coll_tuned_allreduce_algorithm=N)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before one launch is stopped")
     return p
+
+
+def _fail(message: str) -> int:
+    print(f"allreduce: error: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv=None) -> int:
@@ -111,66 +156,64 @@ def main(argv=None) -> int:
     backends = [b for b in args.backends.split(",") if b]
     unknown = [b for b in backends if b not in SERIES]
     if unknown or not backends:
-        print(f"allreduce: error: unknown backend {', '.join(unknown) or '(none)'}; choose from "
-              f"{', '.join(SERIES)}", file=sys.stderr)
-        return 2
+        return _fail(f"unknown backend {', '.join(unknown) or '(none)'}; choose from {', '.join(SERIES)}")
     if args.min_bytes > args.max_bytes:
-        print("allreduce: error: --min-bytes is larger than --max-bytes; swap them", file=sys.stderr)
-        return 2
+        return _fail("--min-bytes is larger than --max-bytes; swap them")
+    not_mpi = [b for b in backends if b not in OPEN_MPI_SERIES]
+    if args.mpi_algorithms and not_mpi:
+        return _fail(f"--mpi-algorithms chooses Open MPI's algorithm; {','.join(not_mpi)} do not use Open MPI, "
+                     f"so measure them without it (--backends {','.join(OPEN_MPI_SERIES)})")
+    record = Record("allreduce", argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    logs = out / "logs"
-    load_before = load()
-    started = time.time()
-    limit = copy_bandwidth(args.copy_bytes or max(args.max_bytes, 64 * 2**20))
+    copy_bytes = args.copy_bytes or max(args.max_bytes, 64 * 2**20)
+    limit = copy_bandwidth(copy_bytes)
+    floor = copy_add_floor(copy_bytes // 2, limit["limit_GBps"])
     print(f"memory copy: {limit['cpu_1thread_GBps']:.1f} GB/s one thread, {limit['cpu_all_cores_GBps']:.1f} GB/s "
-          f"{cores()} threads; limit {limit['limit_GBps']:.1f} GB/s", flush=True)
+          f"{cores()} threads; limit {limit['limit_GBps']:.1f} GB/s; copy/add floor of a ring allreduce "
+          f"{floor['busbw_GBps']:.1f} GB/s busbw", flush=True)
 
     worker_args = ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                    "--factor", str(args.factor), "--warmup", str(args.warmup)]
     if args.iters:
         worker_args += ["--iters", str(args.iters)]
-    series, failures = [], []
+    series = []
+    workers = Workers("allreduce", out, args.timeout)
     for np in args.world_sizes:
         for name in backends:
-            launcher = SERIES[name]
-            result_file = out / f"allreduce-{name}-{np}.part.json"
-            cmd = worker_command(launcher, np, "benchmarks.allreduce_worker",
-                                 ["--backend", WORKER_BACKEND[name],
-                                  "--result", str(result_file.resolve()), *worker_args])
-            print(f"allreduce: {name} x{np} via {launcher} ...", flush=True)
-            try:
-                seconds = run_job(cmd, logs / f"allreduce-{name}-{np}.log", args.timeout)
-                data = json.loads(result_file.read_text())
-                result_file.unlink()
-            except (JobFailed, OSError, ValueError) as exc:
-                print(f"allreduce: FAILED {name} x{np}: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
-                failures.append({"backend": name, "world_size": np, "launcher": launcher,
-                                 "command": " ".join(cmd), "error": str(exc)[-2000:]})
-                continue
-            for row in data["results"]:
-                row["busbw_of_limit"] = row["busbw_GBps"] / limit["limit_GBps"]
-            series.append({"name": data["backend"], "launcher": launcher, "world_size": np,
-                           "device": data["device"], "command": " ".join(cmd), "seconds": seconds,
-                           "mpi_yield_when_idle": data.get("mpi_yield_when_idle"),
-                           "results": data["results"]})
+            for algorithm in args.mpi_algorithms or [None]:
+                shown = f"{name} {algorithm}" if algorithm else name
+                print(f"allreduce: {shown} x{np} via {SERIES[name]} ...", flush=True)
+                started = time.monotonic()
+                data = workers.run(f"{name}-{algorithm}-{np}" if algorithm else f"{name}-{np}", SERIES[name], np,
+                                   "benchmarks.allreduce_worker", ["--backend", WORKER_BACKEND[name], *worker_args],
+                                   env=algorithm_env(algorithm), backend=name, world_size=np, mpi_algorithm=algorithm)
+                if data is None:
+                    continue
+                for row in data["results"]:
+                    row["busbw_of_limit"] = row["busbw_GBps"] / limit["limit_GBps"]
+                    row["floor_time_s"] = floor_seconds(row["bytes"], np, floor)
+                series.append({"name": data["backend"], "launcher": SERIES[name], "world_size": np,
+                               "device": data["device"], "command": workers.last_command,
+                               "seconds": time.monotonic() - started, "mpi_algorithm": algorithm,
+                               "mpi_algorithm_env": data.get("mpi_algorithm_env"),
+                               "mpi_yield_when_idle": data.get("mpi_yield_when_idle"),
+                               "results": data["results"]})
 
-    load_after = load()
-    n_cores = cores()
-    report = {"benchmark": "allreduce", "started": started, "machine": machine(),
-              "command": "python -m benchmarks.allreduce " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "load_before": load_before, "load_after": load_after,
-              "under_load": under_load(load_before, n_cores),
+    report = {**record.header(),
               "definitions": {"time_s": "slowest rank's mean seconds per allreduce",
                               "algbw_GBps": "bytes / time_s / 1e9",
                               "busbw_GBps": "algbw x 2(n-1)/n (nccl-tests)",
-                              "busbw_of_limit": "busbw / memory-copy limit"},
-              "memcpy": limit, "series": series, "failures": failures}
+                              "busbw_of_limit": "busbw / memory-copy limit",
+                              "floor": "least time of a copy-based ring allreduce: per rank (n-1)/n of the bytes "
+                                       "copied twice and added once, at one thread's copy_ and add_ speed",
+                              "floor_time_s": "that least time for this message and world size"},
+              "memcpy": limit, "floor": floor, "series": series, "failures": workers.failures}
     report["plot"] = plot(report, out)
     write_json(out / "allreduce.json", report)
     print_summary(report)
     print(f"allreduce: wrote {(out / 'allreduce.json').resolve()} and {(out / report['plot']).resolve()}")
-    return 1 if failures else 0
+    return 1 if workers.failures else 0
 
 
 def print_summary(report: Dict) -> None:
@@ -182,53 +225,53 @@ def print_summary(report: Dict) -> None:
     sizes = sorted({r["bytes"] for s in series for r in s["results"]})
     headers = ["bytes"]
     for s in series:
-        tag = f"{s['name']}x{s['world_size']}"
+        tag = f"{s['name']}{'-' + s['mpi_algorithm'] if s.get('mpi_algorithm') else ''}x{s['world_size']}"
         headers += [f"{tag} us", f"{tag} busbw", "%lim"]
     rows = []
     for size in sizes:
-        row: List = [human(size)]
+        row: List = [tables.size(size, spaced=False)]
         for s in series:
             r = next((r for r in s["results"] if r["bytes"] == size), None)
             row += ["-", "-", "-"] if r is None else [
                 f"{r['time_s'] * 1e6:.1f}", f"{r['busbw_GBps']:.3f}", f"{100 * r['busbw_of_limit']:.1f}"]
         rows.append(row)
-    print_table(headers, rows)
-    if report["under_load"]:
-        print(f"note: measured under load (1-minute load {report['load_before']['1m']} on "
-              f"{report['machine']['cores']} cores before starting)")
+    print(tables.text(headers, rows))
+    note = load_note(report)
+    if note:
+        print(note)
 
 
 def plot(report: Dict, out: Path) -> str:
-    """allreduce.png: latency and bus bandwidth against message size, the copy limit dotted."""
+    """allreduce.png: latency and bus bandwidth against message size, the copy limit and the copy/add
+    floor dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from common.compare import plots
+
     fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(12, 4.5))
     for s in report["series"]:
         xs = [r["bytes"] for r in s["results"]]
-        label = f"{s['name']} x{s['world_size']}"
+        label = f"{s['name']}{' ' + s['mpi_algorithm'] if s.get('mpi_algorithm') else ''} x{s['world_size']}"
         line, = ax_t.plot(xs, [r["time_s"] * 1e6 for r in s["results"]], marker="o", ms=3, label=label)
         ax_bw.plot(xs, [r["busbw_GBps"] for r in s["results"]], marker="o", ms=3, label=label,
                    color=line.get_color())
     ax_bw.axhline(report["memcpy"]["limit_GBps"], color="gray", ls=":",
                   label=f"memory copy {report['memcpy']['limit_GBps']:.1f} GB/s")
+    ax_bw.axhline(report["floor"]["busbw_GBps"], color="black", ls=":",
+                  label=f"copy/add floor {report['floor']['busbw_GBps']:.1f} GB/s")
     ax_t.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="time per allreduce (µs)",
              title="Allreduce latency")
     ax_bw.set(xscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
               title="Allreduce bus bandwidth vs memory-copy limit")
-    loaded = " (under load)" if report["under_load"] else ""
-    fig.suptitle(f"{report['machine']['cpu_model']}, {report['machine']['cores']} cores{loaded}", fontsize=9)
+    fig.suptitle(figure_title(report), fontsize=9)
     for ax in (ax_t, ax_bw):
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "allreduce.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path.name
+    return plots.save(fig, out / "allreduce.png")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,10 @@ from typing import Callable, List
 
 import torch
 
+from common.launch.placement import default_threads, detect
 from hvd_train.backend import MPI_YIELD_VARIABLE, yield_mpi_when_idle
+
+MPI_ALGORITHM_VARIABLE = "OMPI_MCA_coll_tuned_allreduce_algorithm"
 
 
 def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> List[int]:
@@ -172,9 +175,7 @@ def main(argv=None) -> int:
 
     comm = COMMS[args.backend]()
     # Same intra-op threads per rank under every launcher (torchrun sets 1, horovodrun nothing).
-    local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("HOROVOD_LOCAL_SIZE")
-                or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or comm.size)
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local))
+    torch.set_num_threads(default_threads(detect().local_world_size))
     budget = int(args.budget_mb * 2**20)
     iters = (lambda nbytes: args.iters) if args.iters else (lambda nbytes: iterations_for(nbytes, budget, 5, 200))
     results = measure(comm, message_sizes(args.min_bytes, args.max_bytes, args.factor), args.warmup, iters)
@@ -183,6 +184,8 @@ def main(argv=None) -> int:
         args.result.write_text(json.dumps({"backend": comm.name, "world_size": comm.size,
                                            "device": str(comm.device), "warmup": args.warmup,
                                            "mpi_yield_when_idle": os.environ.get(MPI_YIELD_VARIABLE),
+                                           # what Open MPI was told (benchmarks.allreduce --mpi-algorithms)
+                                           "mpi_algorithm_env": os.environ.get(MPI_ALGORITHM_VARIABLE),
                                            "results": results}, indent=2) + "\n")
     comm.shutdown()
     return 0

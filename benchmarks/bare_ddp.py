@@ -6,7 +6,13 @@ stop checks or evaluation. Throughput is measured the way the training loop meas
 end of the first step to the end of the last, so the first step (allocation, warm-up) is left out.
 Rank 0 writes RUN_DIR/summary.json with `samples_per_s`.
 
-    torchrun --standalone --nproc-per-node 2 -m benchmarks.bare_ddp --model resnet18 \\
+--data-path says how batches are fetched:
+- seed (default): a plain DataLoader with batch_size, one sample per call and a collate, as a user
+  writes it (and as the seed project did);
+- batched: the loader the training loop uses (common.data.make_loaders: a whole batch per call
+  for in-memory and synthetic data), so that the loop / bare ratio measures the loop's bookkeeping alone.
+
+    torchrun --standalone --nproc-per-node 2 -m benchmarks.bare_ddp --data-path batched --model resnet18 \\
         --dataset synthetic --image-size 224 --batch-size 16 --max-steps 12 --run-dir runs/bare
 
 Takes the training options (python -m ddp_train --help); only the data, model, batch, optimizer,
@@ -15,6 +21,7 @@ step, thread and run-dir options are used.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -28,12 +35,34 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from common.config import parse_config
-from common.data import open_datasets
+from common.launch.placement import default_threads, detect
+from common.data import make_loaders, open_datasets
 from common.models import build_model
 from common.optim import make_optimizer
 
 
+DATA_PATHS = ("seed", "batched")
+
+
+def split_data_path(argv):
+    """(--data-path, the training options): this loop's one option of its own, and the rest."""
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--data-path", choices=DATA_PATHS, default="seed")
+    known, rest = own.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return known.data_path, rest
+
+
+def seed_loader(config, train_set, rank: int, world: int, pin_memory: bool):
+    """(loader, sampler) as a user writes them: DistributedSampler and a DataLoader that fetches one
+    sample per call and collates the batch."""
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=config.seed)
+    loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, num_workers=config.workers,
+                        pin_memory=pin_memory)
+    return loader, sampler
+
+
 def main(argv=None) -> int:
+    data_path, argv = split_data_path(argv)
     config = parse_config(argv, "bare_ddp", __doc__)
     cuda = torch.cuda.is_available() and config.device != "cpu"
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -43,13 +72,13 @@ def main(argv=None) -> int:
     dist.init_process_group("nccl" if cuda else "gloo")  # torchrun's environment
     rank, world = dist.get_rank(), dist.get_world_size()
     # The same intra-op threads as the training loop: cores / processes on this host.
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    torch.set_num_threads(config.threads or max(1, len(os.sched_getaffinity(0)) // local_world))
+    torch.set_num_threads(config.threads or default_threads(detect().local_world_size))
 
-    train_set, _, info = open_datasets(config)
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=config.seed)
-    loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, num_workers=config.workers,
-                        pin_memory=cuda)
+    train_set, val_set, info = open_datasets(config)
+    if data_path == "batched":
+        loader, _, sampler = make_loaders(config, train_set, val_set, rank, world, pin_memory=cuda)
+    else:
+        loader, sampler = seed_loader(config, train_set, rank, world, pin_memory=cuda)
     model = build_model(config.model, info.channels, info.image_size, info.num_classes, config.seed).to(device)
     # forward_sync_buffers=False: the loop under comparison does not sync BatchNorm buffers every
     # forward either, so both send exactly the gradients and the ratio measures the loop.
@@ -84,8 +113,8 @@ def main(argv=None) -> int:
     samples = (step - 1) * config.batch_size * world
     if rank == 0:
         os.makedirs(config.run_dir, exist_ok=True)
-        summary = {"backend": "bare_ddp", "world_size": world, "model": config.model, "dataset": config.dataset,
-                   "batch_size": config.batch_size, "steps": step, "train_s": seconds,
+        summary = {"backend": "bare_ddp", "data_path": data_path, "world_size": world, "model": config.model,
+                   "dataset": config.dataset, "batch_size": config.batch_size, "steps": step, "train_s": seconds,
                    "samples_per_s": samples / seconds if seconds > 0 else None,
                    "threads": torch.get_num_threads(), "final_loss": float(loss.item())}
         with open(os.path.join(config.run_dir, "summary.json"), "w") as f:

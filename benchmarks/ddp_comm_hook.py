@@ -2,9 +2,12 @@
 comm hook (DDPBackend registers one to time the communication that backward did not hide).
 
 Both models live in the same processes and take turns in blocks of steps, so load that comes
-and goes hits both alike. Rank 0 prints one JSON line: median ms per step of each (slowest rank).
+and goes hits both alike; each run reports the median ms per step of each (slowest rank). The
+runs are separate torchrun jobs, one after another, so their spread shows the run-to-run noise.
 
-    torchrun --standalone --nproc-per-node 2 -m benchmarks.ddp_comm_hook --model convnet --image-size 32
+    python -m benchmarks.ddp_comm_hook --np 2 --model convnet --image-size 32 --runs 3 --out benchmarks/results
+
+Writes DIR/ddp_comm_hook.json and prints a table.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import argparse
 import gc
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -21,7 +26,13 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.compare import tables
 from common.models import build_model
+
+
+DEFINITIONS = {"builtin_ms": "median ms per step, DDP's built-in allreduce (slowest rank)",
+               "python_hook_ms": "median ms per step, the same allreduce through a Python comm hook",
+               "hook_cost": "python_hook_ms / builtin_ms - 1"}
 
 
 def make(model_name: str, image_size: int, python_hook: bool):
@@ -34,15 +45,8 @@ def make(model_name: str, image_size: int, python_hook: bool):
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ddp_comm_hook", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="convnet")
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--blocks", type=int, default=6, help="turns each variant takes")
-    p.add_argument("--steps", type=int, default=15, help="steps per turn (the first 2 untimed)")
-    args = p.parse_args(argv)
+def worker(args) -> int:
+    """One rank (under torchrun): both variants in turns; rank 0 writes the medians to --result."""
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     variants = {"builtin": make(args.model, args.image_size, False),
@@ -62,9 +66,8 @@ def main(argv=None) -> int:
     medians = torch.tensor([statistics.median(v) for v in times.values()], dtype=torch.float64)
     dist.all_reduce(medians, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
-        ms = {name: round(float(v) * 1e3, 2) for name, v in zip(times, medians)}
-        ms["hook_cost"] = round(ms["python_hook"] / ms["builtin"] - 1, 4)
-        print(json.dumps(ms), flush=True)
+        ms = {f"{name}_ms": float(v) * 1e3 for name, v in zip(times, medians)}
+        Path(args.result).write_text(json.dumps(ms) + "\n")
     # Free the DDP reducers (they hold the group and its gloo threads) before the group goes:
     # left to interpreter exit, those threads can abort the process ("terminate called").
     variants.clear()
@@ -72,6 +75,50 @@ def main(argv=None) -> int:
     gc.collect()
     dist.destroy_process_group()
     return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.ddp_comm_hook", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--np", type=int, default=2, help="ranks of each run")
+    p.add_argument("--model", default="convnet")
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--blocks", type=int, default=6, help="turns each variant takes")
+    p.add_argument("--steps", type=int, default=15, help="steps per turn (the first 2 untimed)")
+    p.add_argument("--runs", type=int, default=3, help="separate jobs, one after another")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--timeout", type=float, default=600, help="seconds before one run is stopped")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if min(args.np, args.runs, args.blocks) < 1 or args.steps < 3:
+        print("ddp_comm_hook: error: --np, --runs and --blocks must be >= 1 and --steps >= 3 (2 are untimed)",
+              file=sys.stderr)
+        return 2
+
+    from .jobs import Workers
+    from .machine import Record, publish
+
+    record = Record("ddp_comm_hook", argv)
+    rows = []
+    workers = Workers("ddp_comm_hook", args.out, args.timeout)
+    worker_args = ["--worker", "--model", args.model, "--image-size", str(args.image_size),
+                   "--batch-size", str(args.batch_size), "--blocks", str(args.blocks), "--steps", str(args.steps)]
+    for run in range(1, args.runs + 1):
+        ms = workers.run(str(run), "torchrun", args.np, "benchmarks.ddp_comm_hook", worker_args, run=run)
+        if ms is not None:
+            rows.append({"run": run, **ms, "hook_cost": ms["python_hook_ms"] / ms["builtin_ms"] - 1})
+    settings = {"world_size": args.np, "model": args.model, "image_size": args.image_size,
+                "batch_size": args.batch_size, "blocks": args.blocks, "steps": args.steps, "threads": 1}
+    report = {**record.header(), "settings": settings, "definitions": DEFINITIONS, "rows": rows,
+              "failures": workers.failures}
+    return publish(report, args.out / "ddp_comm_hook.json", tables.text(
+        ["run", "built-in ms", "hook ms", "hook cost"],
+        [[r["run"], f"{r['builtin_ms']:.2f}", f"{r['python_hook_ms']:.2f}", f"{100 * r['hook_cost']:+.1f}%"]
+         for r in rows]))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,12 @@ from pathlib import Path
 
 import torch
 
+from common.compare import arguments, tables
+
+
+DEFINITIONS = {"idle_cpu_mean": "CPU seconds per wall second of an idle initialised Horovod rank",
+               "compute_slowdown": "single-thread matmul time with idle Horovod / without, minus 1"}
+
 
 def _matmul_seconds(n_iters: int, size: int = 384) -> float:
     a = torch.randn(size, size)
@@ -69,8 +75,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.horovod_cycle", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--np", type=int, default=2)
-    p.add_argument("--cycle-ms", default="1,5,10,20", help="HOROVOD_CYCLE_TIME values to measure")
-    p.add_argument("--controllers", default="gloo,mpi")
+    p.add_argument("--cycle-ms", type=arguments.csv_list(float, minimum=0), default=[1, 5, 10, 20],
+                   help="HOROVOD_CYCLE_TIME values to measure, e.g. 1,5,10,20")
+    p.add_argument("--controllers", type=arguments.csv_list(str, ("gloo", "mpi")), default=["gloo", "mpi"])
     p.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle Horovod measured")
     p.add_argument("--matmuls", type=int, default=400, help="384x384 matrix products per compute timing")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -80,40 +87,26 @@ def main(argv=None) -> int:
     if args.worker:
         return worker(args)
 
-    from .jobs import JobFailed, run_job, worker_command
-    from .machine import cores, load, machine, print_table, under_load, write_json
+    from .jobs import Workers
+    from .machine import Record, publish
 
-    load_before = load()
-    rows, failures = [], []
-    for controller in [c for c in args.controllers.split(",") if c]:
-        for cycle in [c for c in args.cycle_ms.split(",") if c]:
-            result = args.out / f"horovod_cycle-{controller}-{cycle}.part.json"
-            cmd = worker_command(f"horovodrun-{controller}", args.np, "benchmarks.horovod_cycle",
-                                 ["--worker", "--result", str(result.resolve()), "--idle-s", str(args.idle_s),
-                                  "--matmuls", str(args.matmuls)])
-            try:
-                run_job(cmd, args.out / "logs" / f"horovod_cycle-{controller}-{cycle}.log", 600,
-                        env={"HOROVOD_CYCLE_TIME": cycle})
-                data = json.loads(result.read_text())
-                result.unlink()
-            except (JobFailed, OSError, ValueError) as exc:
-                failures.append({"controller": controller, "cycle_time_ms": cycle, "error": str(exc)[-2000:]})
-                print(f"horovod_cycle: FAILED {controller} {cycle} ms: {str(exc).splitlines()[0]}", file=sys.stderr)
-                continue
-            data["idle_cpu_mean"] = sum(data["idle_cpu_per_s"]) / len(data["idle_cpu_per_s"])
-            data["compute_slowdown"] = (sum(data["compute_s_with"]) / sum(data["compute_s_without"])) - 1
-            rows.append(data)
-    report = {"benchmark": "horovod_cycle", "machine": machine(), "load_before": load_before, "load_after": load(),
-              "under_load": under_load(load_before, cores()),
-              "command": "python -m benchmarks.horovod_cycle " + " ".join(sys.argv[1:] if argv is None else argv),
-              "definitions": {"idle_cpu_mean": "CPU seconds per wall second of an idle initialised Horovod rank",
-                              "compute_slowdown": "single-thread matmul time with idle Horovod / without, minus 1"},
-              "rows": rows, "failures": failures}
-    write_json(args.out / "horovod_cycle.json", report)
-    print_table(["controller", "cycle ms", "idle CPU % of a core", "compute slowdown"],
-                [[r["controller"], f"{r['cycle_time_ms']:g}", f"{100 * r['idle_cpu_mean']:.1f}",
-                  f"{100 * r['compute_slowdown']:+.1f}%"] for r in rows])
-    return 1 if failures else 0
+    record = Record("horovod_cycle", argv)
+    rows = []
+    workers = Workers("horovod_cycle", args.out, timeout_s=600)
+    for controller in args.controllers:
+        for cycle in (f"{ms:g}" for ms in args.cycle_ms):
+            data = workers.run(f"{controller}-{cycle}", f"horovodrun-{controller}", args.np, "benchmarks.horovod_cycle",
+                               ["--worker", "--idle-s", str(args.idle_s), "--matmuls", str(args.matmuls)],
+                               env={"HOROVOD_CYCLE_TIME": cycle}, controller=controller, cycle_time_ms=cycle)
+            if data is not None:
+                data["idle_cpu_mean"] = sum(data["idle_cpu_per_s"]) / len(data["idle_cpu_per_s"])
+                data["compute_slowdown"] = (sum(data["compute_s_with"]) / sum(data["compute_s_without"])) - 1
+                rows.append(data)
+    report = {**record.header(), "definitions": DEFINITIONS, "rows": rows, "failures": workers.failures}
+    return publish(report, args.out / "horovod_cycle.json", tables.text(
+        ["controller", "cycle ms", "idle CPU % of a core", "compute slowdown"],
+        [[r["controller"], f"{r['cycle_time_ms']:g}", f"{100 * r['idle_cpu_mean']:.1f}",
+          f"{100 * r['compute_slowdown']:+.1f}%"] for r in rows]))
 
 
 if __name__ == "__main__":

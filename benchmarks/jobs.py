@@ -1,56 +1,36 @@
-"""Starting benchmark jobs: launcher command lines, and running jobs in their own process group
-so that a timeout or Ctrl-C leaves no rank behind."""
+"""Starting benchmark jobs through the launch layer (common.launch): the command of a worker module
+under a registered launcher, and running one job, or several at once, with its output in a log."""
 
 from __future__ import annotations
 
+import json
 import os
 import resource
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from common.compare.launchers import mpi_flags
+from common import launch
 
 from .machine import REPO
 
-#: the launchers a benchmark can start a worker module with
-LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
-
-
-def tool(name: str) -> str:
-    """A launcher script installed beside this Python (the venv's), else the name for PATH."""
-    beside = Path(sys.executable).parent / name
-    return str(beside) if beside.exists() else name
-
 
 def worker_command(launcher: str, np: int, module: str, args: Sequence[str]) -> List[str]:
-    """`python -m module args` on `np` local processes through a real launcher."""
-    if launcher == "torchrun":
-        return [tool("torchrun"), "--standalone", f"--nproc-per-node={np}", "-m", module, *args]
-    if launcher in ("horovodrun-gloo", "horovodrun-mpi"):
-        controller = launcher.split("-")[1]
-        cmd = [tool("horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}"]
-        if controller == "mpi":
-            cmd.append("--mpi-args=" + " ".join(mpi_flags()))
-        return cmd + [sys.executable, "-m", module, *args]
-    if launcher == "mpirun":
-        return [tool("mpirun"), *mpi_flags(), "-np", str(np), sys.executable, "-m", module, *args]
-    raise ValueError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
+    """`python -m module args` on `np` local processes through the registered launcher `launcher`."""
+    return launch.get(launcher).command(np, args, module=module)
 
 
-def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """Environment for a launched job: the venv's tools first on PATH, the repository importable
-    (workers run as `python -m benchmarks...`), unbuffered output, no inherited thread count."""
-    env = dict(os.environ)
-    bin_dir = str(Path(sys.executable).parent)
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+def job_env(extra: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
+    """A launched job's environment (common.launch.job_env) with the repository importable: workers run
+    as `python -m benchmarks...`, which the installed project does not include. A variable given as None
+    in `extra` is removed, so that the program under test makes its own choice even when this shell set it."""
+    env = launch.job_env()
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.pop("OMP_NUM_THREADS", None)
-    env.update(extra or {})
+    for name, value in (extra or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     return env
 
 
@@ -66,95 +46,71 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_job(cmd: Sequence[str], log: Path, timeout_s: float, env: Optional[Dict[str, str]] = None) -> float:
-    """Run `cmd` from the repository root in its own process group, output to `log`; return the
-    seconds it took. On timeout or Ctrl-C the whole group is killed, so no rank is left behind."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with open(log, "w") as out:
-        out.write("$ " + " ".join(map(str, cmd)) + "\n")
-        out.flush()
-        proc = subprocess.Popen(list(map(str, cmd)), cwd=REPO, env=job_env(env), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+def _failure(result: launch.Result, timeout_s: float) -> Optional[str]:
+    if result.timed_out:
+        return f"did not finish in {timeout_s:.0f} s: {' '.join(result.cmd)}\n" + result.output[-3000:]
+    if result.returncode != 0:
+        return f"exited {result.returncode}: {' '.join(result.cmd)}\n" + result.output[-3000:]
+    return None
+
+
+def run_job(cmd: Sequence[str], log: Path, timeout_s: float,
+            env: Optional[Dict[str, Optional[str]]] = None) -> float:
+    """Run `cmd` from the repository root, output to `log`; return the seconds it took. JobFailed when it
+    fails or times out; on Ctrl-C the job and every rank it started are stopped."""
+    result = launch.run(cmd, timeout=timeout_s, env=job_env(env), cwd=REPO, log=log)
+    problem = _failure(result, timeout_s)
+    if problem:
+        raise JobFailed(problem)
+    return result.seconds
+
+
+class Workers:
+    """Worker jobs of one benchmark, run one after another, each writing its measurement as JSON (to the
+    --result path it is given): what they measured, and the failures, each with its command and error."""
+
+    def __init__(self, benchmark: str, out: Path, timeout_s: float) -> None:
+        self.benchmark, self.out, self.timeout_s = benchmark, out, timeout_s
+        self.failures: List[Dict] = []
+        self.last_command = ""  # the command of the latest job, for the record
+
+    def run(self, tag: str, launcher: str, np: int, module: str, args: Sequence[str],
+            env: Optional[Dict[str, Optional[str]]] = None, **identity) -> Optional[Dict]:
+        """`python -m module args --result FILE` on `np` ranks under `launcher`: the JSON it wrote, or None
+        when it failed (then the failure is kept, with `identity` naming what was measured, and printed)."""
+        result = self.out / f"{self.benchmark}-{tag}.part.json"
+        cmd = worker_command(launcher, np, module, [*args, "--result", str(result.resolve())])
+        self.last_command = " ".join(cmd)
         try:
-            code = proc.wait(timeout=timeout_s)
-        except BaseException as exc:  # timeout, Ctrl-C
-            _kill_group(proc)
-            if isinstance(exc, subprocess.TimeoutExpired):
-                raise JobFailed(f"did not finish in {timeout_s:.0f} s: {' '.join(map(str, cmd))}\n"
-                                + _tail(log)) from None
-            raise
-    if code != 0:
-        raise JobFailed(f"exited {code}: {' '.join(map(str, cmd))}\n" + _tail(log))
-    return time.monotonic() - started
+            run_job(cmd, self.out / "logs" / f"{self.benchmark}-{tag}.log", self.timeout_s, env=env)
+            data = json.loads(result.read_text())
+            result.unlink()
+            return data
+        except (JobFailed, OSError, ValueError) as exc:
+            print(f"{self.benchmark}: FAILED {tag}: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+            self.failures.append({**identity, "launcher": launcher, "command": self.last_command,
+                                  "error": str(exc)[-2000:]})
+            return None
 
 
 def run_jobs_together(cmds: List[Sequence[str]], logs: List[Path], timeout_s: float,
-                      env: Optional[Dict[str, str]] = None) -> None:
-    """Start several independent jobs at the same moment and wait for all of them."""
-    procs, files = [], []
+                      env: Optional[Dict[str, Optional[str]]] = None) -> None:
+    """Start several independent jobs at the same moment and wait for all of them; JobFailed when one
+    fails or they run out of time (then all are stopped)."""
+    jobs: List[launch.Job] = []
     try:
         for cmd, log in zip(cmds, logs):
-            log.parent.mkdir(parents=True, exist_ok=True)
-            f = open(log, "w")
-            f.write("$ " + " ".join(map(str, cmd)) + "\n")
-            f.flush()
-            files.append(f)
-            procs.append(subprocess.Popen(list(map(str, cmd)), cwd=REPO, env=job_env(env), stdout=f,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
-        deadline = time.monotonic() + timeout_s
-        for proc, cmd, log in zip(procs, cmds, logs):
-            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            jobs.append(launch.Job(cmd, env=job_env(env), cwd=REPO, log=log))
+        for job in jobs:
+            try:
+                code = job.wait(timeout=max(1.0, timeout_s - job.seconds))
+            except launch.JobTimeout:
+                raise JobFailed(f"independent jobs did not finish in {timeout_s:.0f} s") from None
             if code != 0:
-                raise JobFailed(f"exited {code}: {' '.join(map(str, cmd))}\n" + _tail(log))
-    except BaseException as exc:
-        for proc in procs:
-            _kill_group(proc)
-        if isinstance(exc, subprocess.TimeoutExpired):
-            raise JobFailed(f"independent jobs did not finish in {timeout_s:.0f} s") from None
-        raise
+                raise JobFailed(f"exited {code}: {' '.join(job.cmd)}\n" + job.output[-3000:])
     finally:
-        for f in files:
-            f.close()
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop a launcher and every rank it started. SIGTERM first: torchrun and horovodrun start their
-    workers in sessions of their own (out of reach of a kill of the launcher's group) and stop them
-    when they get SIGTERM. Whatever is still alive after a grace period is killed."""
-    if proc.poll() is not None:
-        return
-    import psutil
-
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        pass
-    for child in family:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def _tail(log: Path, chars: int = 3000) -> str:
-    try:
-        return log.read_text(errors="replace")[-chars:]
-    except OSError:
-        return ""
+        for job in jobs:
+            job.stop()
 
 
 def run_cli(main, name: str) -> int:

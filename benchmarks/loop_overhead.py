@@ -2,10 +2,11 @@
 
 The loop in common/train.py does, besides forward, backward and the optimizer step: the lr
 schedule, the train meters (a few small tensor ops), `loss.item()` and a JSON line in
-metrics.jsonl every --log-every steps, a watchdog beat, and every 5 steps a one-number allreduce
-that lets the ranks agree to stop on a signal. This times each piece alone, in one process, with
-the real objects (SumMeter, RunDir, ProgressWatchdog, lr_at), at the model's real batch, and the
-stop check from the allreduce benchmark's smallest message when DIR/allreduce.json exists.
+metrics.jsonl every --log-every steps, a watchdog beat, and about every CHECK_PERIOD_S of training
+(common.stopping) a tiny allreduce that lets the ranks agree to stop on a signal. This times each
+piece alone, in one process, with the real objects (SumMeter, RunDir, ProgressWatchdog, lr_at), at
+the model's real batch, and the stop check from the allreduce benchmark's smallest torch message
+(when DIR/allreduce.json exists), shared by the steps between two checks at the measured step time.
 
     python -m benchmarks.loop_overhead --models convnet,resnet18 --out benchmarks/results
 
@@ -33,9 +34,10 @@ from common.optim import lr_at, make_optimizer, set_lr
 from common.rundir import RunDir
 from common.watchdog import ProgressWatchdog
 
-from .machine import cores, load, machine, print_table, under_load, write_json
+from common.compare import tables
+from common.stopping import CHECK_PERIOD_S, MAX_CHECK_EVERY
 
-STOP_CHECK_EVERY = 5
+from .machine import Record, write_json
 
 
 def timed(fn: Callable[[], object], repeats: int) -> float:
@@ -47,6 +49,16 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - started)
     return statistics.median(times)
+
+
+#: the piece that is the ranks' stop check, one small allreduce shared by the steps between two checks
+STOP_CHECK = "stop check (allreduce / steps between checks)"
+
+
+def steps_between_checks(step_s: float) -> int:
+    """Steps between two stop checks at this step time, as StopControl.agreed paces them: as many as
+    take CHECK_PERIOD_S, at least one and at most MAX_CHECK_EVERY."""
+    return min(max(int(CHECK_PERIOD_S // step_s), 1), MAX_CHECK_EVERY)
 
 
 def measure(model_name: str, image_size: int, batch: int, threads: int, repeats: int, stop_check_s) -> Dict:
@@ -84,11 +96,13 @@ def measure(model_name: str, image_size: int, batch: int, threads: int, repeats:
         costs = {name: timed(fn, repeats) for name, fn in parts.items()}
         run_dir.close()
     watchdog.stop()
+    every = steps_between_checks(step_s)
     if stop_check_s is not None:
-        costs["stop check (allreduce / 5)"] = stop_check_s / STOP_CHECK_EVERY
+        costs[STOP_CHECK] = stop_check_s / every
     total = sum(costs.values())
     return {"model": model_name, "image_size": image_size, "batch_size": batch, "threads": threads,
-            "step_s": step_s, "costs_s": costs, "total_s": total, "share_of_step": total / step_s}
+            "step_s": step_s, "costs_s": costs, "total_s": total, "share_of_step": total / step_s,
+            "stop_check_every": every}
 
 
 def main(argv=None) -> int:
@@ -110,20 +124,18 @@ def main(argv=None) -> int:
         ar = json.loads(ar_file.read_text())
         smallest = [s["results"][0]["time_s"] for s in ar["series"] if s["name"].startswith("torch")]
         stop_check_s = min(smallest) if smallest else None
-    load_before = load()
+    record = Record("loop_overhead", argv)
     rows = [measure(m, sizes.get(m, sizes.get("*", 32)), args.batch_size, args.threads, args.repeats, stop_check_s)
             for m in args.models.split(",") if m]
-    report = {"benchmark": "loop_overhead", "machine": machine(), "load_before": load_before, "load_after": load(),
-              "under_load": under_load(load_before, cores()),
-              "command": "python -m benchmarks.loop_overhead " + " ".join(sys.argv[1:] if argv is None else argv),
-              "stop_check_source": str(ar_file) if stop_check_s is not None else None, "rows": rows}
+    report = {**record.header(), "stop_check_source": str(ar_file) if stop_check_s is not None else None,
+              "rows": rows}
     write_json(args.out / "loop_overhead.json", report)
     for r in rows:
         print(f"\n{r['model']} {r['image_size']}x{r['image_size']} batch {r['batch_size']}, {r['threads']} thread(s): "
               f"step {r['step_s'] * 1e3:.2f} ms")
         table = [[name, f"{s * 1e6:.1f}", f"{100 * s / r['step_s']:.3f}%"] for name, s in r["costs_s"].items()]
         table.append(["total", f"{r['total_s'] * 1e6:.1f}", f"{100 * r['share_of_step']:.3f}%"])
-        print_table(["piece", "µs/step", "of step"], table)
+        print(tables.text(["piece", "µs/step", "of step"], table))
     return 0
 
 

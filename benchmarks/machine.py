@@ -1,14 +1,19 @@
-"""What every benchmark result records about where it ran (CPU model, cores, GPU, versions,
-load), and the small output helpers the scripts share (result JSON, text table)."""
+"""What every benchmark result records about where and how it ran (CPU model, cores, GPU, versions,
+load, command), and writing a result."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Optional, Sequence
+
+from common.launch.placement import cores  # noqa: F401  (the scripts import it from here)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,12 +29,17 @@ def cpu_model() -> Optional[str]:
     return platform.processor() or None
 
 
-def cores() -> int:
-    """Cores this process may run on."""
+def mpi_version() -> Optional[str]:
+    """The first line of `mpirun --version` ("mpirun (Open MPI) 4.1.4"), None without an mpirun."""
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        return None
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+        done = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return lines[0] if done.returncode == 0 and lines else None
 
 
 def load() -> Dict[str, float]:
@@ -42,7 +52,7 @@ def machine() -> Dict:
     """The machine a result was measured on."""
     import torch
 
-    from common.rundir import versions
+    from common.records import versions
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     mem_gib = None
@@ -51,13 +61,45 @@ def machine() -> Dict:
     except (ValueError, OSError, AttributeError):
         pass
     return {"host": platform.node(), "cpu_model": cpu_model(), "cores": cores(), "memory_gib": mem_gib,
-            "gpus": gpus, "versions": versions()}
+            "gpus": gpus, "versions": {**versions(), "mpi": mpi_version()}}
 
 
 def under_load(load_before: Dict[str, float], n_cores: int) -> bool:
     """True when something besides the benchmark kept the cores busy: the 1-minute load before it
     started was above a quarter of the cores (its own processes raise the load after)."""
     return load_before["1m"] > 0.25 * n_cores
+
+
+class Record:
+    """The part every result shares: started with the measurement (time, load before), finished into
+    the result's header (benchmark name, machine, exact command, load before and after)."""
+
+    def __init__(self, benchmark: str, argv: Optional[Sequence[str]]) -> None:
+        self.benchmark = benchmark
+        self.argv = list(sys.argv[1:] if argv is None else argv)
+        self.started = time.time()
+        self.load_before = load()
+
+    def header(self) -> Dict:
+        """The result's common fields, taken when the measurement is over."""
+        return {"benchmark": self.benchmark, "started": self.started, "machine": machine(),
+                "command": f"python -m benchmarks.{self.benchmark} " + " ".join(self.argv),
+                "load_before": self.load_before, "load_after": load(),
+                "under_load": under_load(self.load_before, cores())}
+
+
+def load_note(report: Dict) -> Optional[str]:
+    """A line saying the result was measured under load, None when it was not."""
+    if not report.get("under_load"):
+        return None
+    return (f"note: measured under load (1-minute load {report['load_before']['1m']} on "
+            f"{report['machine']['cores']} cores before starting)")
+
+
+def figure_title(report: Dict) -> str:
+    """The machine line a benchmark figure carries."""
+    loaded = " (under load)" if report.get("under_load") else ""
+    return f"{report['machine']['cpu_model']}, {report['machine']['cores']} cores{loaded}"
 
 
 def write_json(path: Path, data: Dict) -> None:
@@ -70,23 +112,12 @@ def write_json(path: Path, data: Dict) -> None:
     os.replace(tmp, path)
 
 
-def print_table(headers: List[str], rows: List[List], file=sys.stdout) -> None:
-    """A plain aligned text table."""
-    text = [[str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in text)) if text else len(h) for i, h in enumerate(headers)]
-    print("  ".join(h.rjust(w) for h, w in zip(headers, widths)), file=file)
-    for row in text:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)), file=file)
-
-
-def csv_ints(text: str) -> List[int]:
-    """'1,2,4' -> [1, 2, 4] (argparse type), each >= 1."""
-    import argparse
-
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give world sizes >= 1, e.g. 1,2,4")
-    return values
+def publish(report: Dict, path: Path, table: str) -> int:
+    """Write a result and print its table, with a note when it was measured under load; the exit code:
+    1 when some of the measurement failed (the rest is written), else 0."""
+    write_json(path, report)
+    print(table)
+    note = load_note(report)
+    if note:
+        print(note)
+    return 1 if report.get("failures") else 0

@@ -2,7 +2,7 @@
 
     python -m benchmarks.throughput --np 1,2 --models convnet,resnet18 --out benchmarks/results
     python -m benchmarks.throughput --np 2 --models resnet18 --sweep bucket-mb=4,25 -- --amp bf16
-    python -m benchmarks.throughput --np 2 --backends horovod-gloo --sweep HOROVOD_CYCLE_TIME=1,5
+    python -m benchmarks.throughput --np 2 --backends horovod-gloo --sweep HOROVOD_CYCLE_TIME=auto,1,5
     python -m benchmarks.throughput --np 1,2 --models convnet --dataset digits --steps 40
 
 Each run is `python -m ddp_train` under torchrun or `python -m hvd_train` under horovodrun on
@@ -14,12 +14,16 @@ from the same file. Reported per model and setting, median and spread over --rep
 - exchange overhead: 1 - throughput(N) / throughput of N independent world-size-1 processes started
   together, each with the threads of one rank (the same per-rank work and core sharing, no gradient
   exchange), so what remains is what exchanging gradients costs;
-- loop ratio: our DDP loop's step time / the bare DDP loop's (benchmarks/bare_ddp.py) at the same
-  world size; 1.00 means the loop's logging, meters, checkpoints and stop checks cost nothing.
+- loop ratios: our DDP loop's step time / a bare DDP loop's (benchmarks/bare_ddp.py) at the same
+  world size, against two bare loops: the seed-style one (a per-sample DataLoader, what a user would
+  write) and one on our batched data path (common.data.make_loaders), which isolates what the loop's
+  bookkeeping (logging, meters, checkpoints, stop checks) costs; 1.00 means nothing.
 
 --sweep KNOB=v1,v2 repeats the matrix for each value: a lower-case KNOB is a training option
 (`--KNOB v`; on/off for flags such as channels-last), an upper-case one an environment variable of
-the job (e.g. HOROVOD_CYCLE_TIME). Options after `--` go to every training run.
+the job (e.g. HOROVOD_CYCLE_TIME). The value `auto` leaves the knob unset (the variable is removed
+from the job's environment even when this shell sets it), so the program makes its own choice; it
+takes the place of the run with no knob set. Options after `--` go to every training run.
 Writes DIR/throughput.json and DIR/throughput.png and prints a table.
 """
 
@@ -33,17 +37,33 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from common.compare.launchers import LaunchSpec
+from common import launch
+from common.compare import arguments, stats, tables
 from common.config import build_parser as training_parser
 
 from .jobs import JobFailed, children_cpu_s, run_cli, run_job, run_jobs_together, worker_command
-from .machine import cores, csv_ints, load, machine, print_table, under_load, write_json
+from .machine import Record, cores, figure_title, load_note, write_json
 
-#: label -> (backend, Horovod controller) as common.compare.launchers.LaunchSpec takes them
-BACKENDS = {"ddp": ("ddp", None), "horovod-gloo": ("horovod", "gloo"), "horovod-mpi": ("horovod", "mpi")}
-BASELINES = ("bare", "independent")
+#: label -> the launcher its runs are started with (common.launch)
+BACKENDS = {"ddp": "torchrun", "horovod-gloo": "horovodrun-gloo", "horovod-mpi": "horovodrun-mpi"}
+
+
+class BareLoop(NamedTuple):
+    """A bare DDP loop measured as a reference (benchmarks/bare_ddp.py)."""
+
+    label: str  # the label of its runs
+    data_path: str  # its --data-path
+    ratio: str  # the result's key for our loop's step time / this loop's
+
+
+#: --baselines name -> the bare DDP loop it runs
+BARE = {"bare": BareLoop("bare-ddp", "seed", "loop_ratio"),
+        "bare-batched": BareLoop("bare-ddp-batched", "batched", "loop_ratio_batched")}
+BASELINES = (*BARE, "independent")
+#: a sweep value that leaves the knob unset
+AUTO = "auto"
 VAL_FRACTION = 0.2  # common.data's train/validation split
 DATASETS = ("synthetic", "digits")
 
@@ -57,7 +77,12 @@ class Case:
     knob: Optional[str] = None
     value: Optional[str] = None
     train_args: List[str] = field(default_factory=list)
-    env: Dict[str, str] = field(default_factory=dict)
+    env: Dict[str, Optional[str]] = field(default_factory=dict)  # None: removed from the job's environment
+
+    @property
+    def is_reference(self) -> bool:
+        """The case the bare loops are measured in: no knob set, or the knob left to the program (auto)."""
+        return self.knob is None or self.value == AUTO
 
     @property
     def name(self) -> str:
@@ -95,16 +120,18 @@ def parse_sweep(text: str) -> Tuple[str, List[str]]:
     return knob, items
 
 
-def knob_args(knob: str, value: str) -> Tuple[List[str], Dict[str, str]]:
-    """Training options and environment that set `knob` to `value`; UsageError-style ValueError
-    naming the fix when the training options have no such knob."""
+def knob_args(knob: str, value: str) -> Tuple[List[str], Dict[str, Optional[str]]]:
+    """Training options and environment that set `knob` to `value` (auto: unset, the variable removed);
+    ValueError naming the fix when the training options have no such knob."""
     if knob[0].isupper():
-        return [], {knob: value}
+        return [], {knob: None if value == AUTO else value}
     actions = training_parser("train", "")._option_string_actions
     action = actions.get(f"--{knob}")
     if action is None:
         known = sorted(o[2:] for o in actions if o.startswith("--") and o != "--help")
         raise ValueError(f"--sweep {knob}: the training options have no --{knob}; choose from {', '.join(known)}")
+    if value == AUTO:
+        return [], {}
     if action.nargs == 0:  # a flag such as --channels-last
         if value.lower() in ("on", "true", "1", "yes"):
             return [f"--{knob}"], {}
@@ -117,7 +144,8 @@ def knob_args(knob: str, value: str) -> Tuple[List[str], Dict[str, str]]:
 def build_cli() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--np", dest="world_sizes", type=csv_ints, default=[1, 2, 4], help="world sizes, e.g. 1,2,4")
+    p.add_argument("--np", dest="world_sizes", type=arguments.world_sizes, default=[1, 2, 4],
+                   help="world sizes, e.g. 1,2,4")
     p.add_argument("--backends", default="ddp,horovod-gloo", help=f"comma-separated, from {', '.join(BACKENDS)}")
     p.add_argument("--models", default="convnet,resnet18", help="comma-separated models")
     p.add_argument("--dataset", choices=DATASETS, default="synthetic",
@@ -127,10 +155,11 @@ def build_cli() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16, help="per-rank batch (fixed across world sizes)")
     p.add_argument("--steps", type=int, default=12, help="optimizer steps per run (the first is not timed)")
     p.add_argument("--repeats", type=int, default=3, help="runs of every cell, interleaved; median and spread")
-    p.add_argument("--baselines", default="bare,independent",
-                   help="reference runs: bare (benchmarks/bare_ddp.py), independent (no exchange), or none")
+    p.add_argument("--baselines", default=",".join(BASELINES),
+                   help="reference runs: bare (benchmarks/bare_ddp.py, per-sample DataLoader as a user writes it), "
+                        "bare-batched (the same loop on our batched data path), independent (no exchange), or none")
     p.add_argument("--sweep", type=parse_sweep, action="append", default=[], metavar="KNOB=v1,v2",
-                   help="measure again for each value of a training option or environment variable")
+                   help="measure again for each value of a training option or environment variable (auto: unset)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="where the JSON and PNG go")
     p.add_argument("--work", type=Path, default=Path("runs/bench"), help="run directories (not kept in git)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before one run is stopped")
@@ -188,7 +217,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         size = sizes.get(model, sizes.get("*"))
         if size is None:
             return _fail(f"no --image-size for {model}; add {model}=N or give one size for all")
-        cases.append(Case(model, size))
+        if not any(AUTO in values for _, values in args.sweep):
+            cases.append(Case(model, size))  # with auto in the sweep, that case is this one
         for knob, values in args.sweep:
             for value in values:
                 try:
@@ -200,14 +230,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for case in cases:
         training_parser("throughput", "").parse_args(base_args(case, args, 1, Path("x")) + case.train_args + extra)
 
-    load_before = load()
-    started = time.time()
+    record = Record("throughput", raw)
     bench = Bench(args, extra)
     for case in cases:
-        bench.measure(case, backends, baselines if case.knob is None else [b for b in baselines if b != "bare"])
-    report = {"benchmark": "throughput", "started": started, "machine": machine(),
-              "command": "python -m benchmarks.throughput " + " ".join(raw),
-              "load_before": load_before, "load_after": load(), "under_load": under_load(load_before, cores()),
+        bench.measure(case, backends, baselines if case.is_reference else [b for b in baselines if b not in BARE])
+    report = {**record.header(),
               "settings": {"world_sizes": args.world_sizes, "backends": backends, "batch_size": args.batch_size,
                            "steps": args.steps, "repeats": args.repeats, "extra_train_args": extra,
                            "dataset": args.dataset},
@@ -224,8 +251,10 @@ DEFINITIONS = {
     "scaling_efficiency": "throughput(N) / (N x throughput(1)) of the same backend",
     "exchange_overhead": "1 - throughput(N) / sum of samples/s of N independent world-size-1 ddp_train "
                          "processes started together with the threads of one rank each",
-    "loop_ratio": "our DDP loop's step time / bare DDP loop's step time at the same world size "
-                  "(= bare samples/s / ddp samples/s)",
+    "loop_ratio": "our DDP loop's step time / the seed-style bare DDP loop's (per-sample DataLoader) at the same "
+                  "world size (= bare-ddp samples/s / ddp samples/s)",
+    "loop_ratio_batched": "our DDP loop's step time / the bare DDP loop's on our batched data path at the same "
+                          "world size (= bare-ddp-batched samples/s / ddp samples/s)",
     "job_cpu_s": "CPU seconds of the whole job, every process (start-up and evaluation included); median",
     "time_split": "summary.json time_split (comm, step and data wait per step) of the median repeat by samples/s",
 }
@@ -275,14 +304,14 @@ class Bench:
             for np in args.world_sizes:
                 for label in backends:
                     run_dir = work / f"{label}-{np}-r{repeat + 1}"
-                    backend, controller = BACKENDS[label]
-                    cmd = LaunchSpec(backend, np, controller).command(self._train_args(case, np, run_dir))
+                    cmd = launch.get(BACKENDS[label]).command(np, self._train_args(case, np, run_dir))
                     runs.append(self._one(case, label, np, repeat, [cmd], [run_dir]))
-                if "bare" in baselines:
-                    run_dir = work / f"bare-{np}-r{repeat + 1}"
+                for bare in (BARE[b] for b in baselines if b in BARE):
+                    run_dir = work / f"{bare.label}-{np}-r{repeat + 1}"
                     # The bare loop gets the base settings only: it has none of the tuning knobs.
-                    cmd = worker_command("torchrun", np, "benchmarks.bare_ddp", base_args(case, args, np, run_dir))
-                    runs.append(self._one(case, "bare-ddp", np, repeat, [cmd], [run_dir]))
+                    cmd = worker_command("torchrun", np, "benchmarks.bare_ddp",
+                                         ["--data-path", bare.data_path, *base_args(case, args, np, run_dir)])
+                    runs.append(self._one(case, bare.label, np, repeat, [cmd], [run_dir]))
                 if "independent" in baselines and np > 1:
                     threads = max(1, cores() // np)
                     dirs = [work / f"independent-{np}-r{repeat + 1}" / f"p{i}" for i in range(np)]
@@ -320,50 +349,42 @@ class Bench:
                 "backend_options": first.get("backend_options")}
 
 
-def _stats(values: List[float]) -> Dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
-            "values": values}
-
-
 def summarise(case: Case, runs: List[Dict], backends: List[str]) -> Dict:
-    """Median/min/max per label and world size, then scaling, exchange overhead and loop ratio."""
+    """Median/min/max per label and world size, then scaling, exchange overhead and the loop ratios."""
     throughput: Dict[str, Dict] = {}
     for key in sorted({(r["label"], r["world_size"]) for r in runs}):
-        values = [r["samples_per_s"] for r in runs if (r["label"], r["world_size"]) == key]
-        throughput[f"{key[0]}@{key[1]}"] = _stats(values)
-        throughput[f"{key[0]}@{key[1]}"]["job_cpu_s"] = statistics.median(
-            r["job_cpu_s"] for r in runs if (r["label"], r["world_size"]) == key)
+        cell = [r for r in runs if (r["label"], r["world_size"]) == key]
+        throughput[f"{key[0]}@{key[1]}"] = {**stats.spread([r["samples_per_s"] for r in cell]),
+                                             "job_cpu_s": statistics.median(r["job_cpu_s"] for r in cell)}
 
     def med(label: str, np: int) -> Optional[float]:
         cell = throughput.get(f"{label}@{np}")
         return cell["median"] if cell else None
 
     sizes = sorted({r["world_size"] for r in runs})
-    scaling, overhead, ratio = {}, {}, {}
-    for label in backends + ["bare-ddp"]:
-        one = med(label, 1)
-        if one:
-            scaling[label] = {str(n): med(label, n) / (n * one) for n in sizes if med(label, n)}
+    scaling = {label: {str(n): e for n, e in points.items()}
+               for label, points in stats.scaling_efficiency(throughput).items()}
+    overhead = {}
+    for label in backends + [bare.label for bare in BARE.values()]:
         indep = {n: med("independent", n) for n in sizes if n > 1 and med("independent", n)}
         overhead[label] = {str(n): 1 - med(label, n) / v for n, v in indep.items() if med(label, n)}
-    for n in sizes:
-        if med("ddp", n) and med("bare-ddp", n):
-            ratio[str(n)] = med("bare-ddp", n) / med("ddp", n)
+    ratios = {bare.ratio: {str(n): med(bare.label, n) / med("ddp", n)
+                           for n in sizes if med("ddp", n) and med(bare.label, n)} for bare in BARE.values()}
     splits = {}
     for key in throughput:
-        cell = sorted((r for r in runs if f"{r['label']}@{r['world_size']}" == key and r["time_split"]),
-                      key=lambda r: r["samples_per_s"])
-        if cell:  # the repeat at the median, so the split describes the run the samples/s column stands for
-            splits[key] = cell[(len(cell) - 1) // 2]["time_split"]
+        # The repeat at the median, so the split describes the run the samples/s column stands for.
+        middle = stats.median_item([r for r in runs if f"{r['label']}@{r['world_size']}" == key and r["time_split"]],
+                                   key=lambda r: r["samples_per_s"])
+        if middle:
+            splits[key] = middle["time_split"]
     return {"name": case.name, "model": case.model, "image_size": case.image_size, "knob": case.knob,
             "value": case.value, "train_args": case.train_args, "env": case.env, "runs": runs,
             "throughput": throughput, "scaling_efficiency": scaling,
-            "exchange_overhead": {k: v for k, v in overhead.items() if v}, "loop_ratio": ratio,
-            "time_split": splits}
+            "exchange_overhead": {k: v for k, v in overhead.items() if v}, **ratios, "time_split": splits}
 
 
 def print_summary(report: Dict) -> None:
-    """Per case: samples/s, scaling efficiency, exchange overhead and the loop ratio per cell."""
+    """Per case: samples/s, scaling efficiency, exchange overhead and the loop ratios per cell."""
     for case in report["cases"]:
         print(f"\n{case['name']} ({report['settings']['dataset']}, image {case['image_size']}, "
               f"per-rank batch {report['settings']['batch_size']})")
@@ -371,70 +392,41 @@ def print_summary(report: Dict) -> None:
         for key, cell in case["throughput"].items():
             label, np = key.split("@")
             split = case["time_split"].get(key) or {}
+            ratios = [case[bare.ratio].get(np) if label == "ddp" else None for bare in BARE.values()]
             rows.append([label, np, f"{cell['median']:.1f}", f"{cell['min']:.1f}-{cell['max']:.1f}",
-                         _pct(case["scaling_efficiency"].get(label, {}).get(np), ratio=True),
-                         _pct(case["exchange_overhead"].get(label, {}).get(np)),
-                         f"{case['loop_ratio'][np]:.3f}" if label == "ddp" and np in case["loop_ratio"] else "",
-                         _ms(split.get("comm_ms")), _ms(split.get("step_ms")), _pct(split.get("data_frac")),
-                         f"{cell['job_cpu_s']:.0f}"])
-        print_table(["run", "np", "samples/s", "min-max", "scaling", "exch.ovh", "loop/bare", "comm ms",
-                     "step ms", "data %", "job CPU s"], rows)
+                         tables.number(case["scaling_efficiency"].get(label, {}).get(np), ".2f", ""),
+                         tables.percent(case["exchange_overhead"].get(label, {}).get(np), missing=""),
+                         *(tables.number(r, ".3f", "") for r in ratios),
+                         tables.number(split.get("comm_ms"), ".1f", ""), tables.number(split.get("step_ms"), ".1f", ""),
+                         tables.percent(split.get("data_frac"), missing=""), f"{cell['job_cpu_s']:.0f}"])
+        print(tables.text(["run", "np", "samples/s", "min-max", "scaling", "exch.ovh", "loop/seed", "loop/batched",
+                           "comm ms", "step ms", "data %", "job CPU s"], rows))
     for f in report["failures"]:
         print(f"FAILED {f['case']} {f['label']} x{f['world_size']} #{f['repeat']}: {f['error'].splitlines()[0]}")
-    if report["under_load"]:
-        print(f"note: measured under load (1-minute load {report['load_before']['1m']} on "
-              f"{report['machine']['cores']} cores before starting)")
-
-
-def _pct(value: Optional[float], ratio: bool = False) -> str:
-    if value is None:
-        return ""
-    return f"{value:.2f}" if ratio else f"{100 * value:.1f}%"
-
-
-def _ms(value: Optional[float]) -> str:
-    return "" if value is None else f"{value:.1f}"
+    note = load_note(report)
+    if note:
+        print(note)
 
 
 def plot(report: Dict, out: Path) -> str:
-    """throughput.png: per case, samples/s against world size (with the references) and scaling efficiency."""
+    """throughput.png: per case, samples/s against world size (the references dashed) and scaling efficiency."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from common.compare import plots
+
     cases = report["cases"] or [{"name": "nothing measured", "throughput": {}, "scaling_efficiency": {}}]
+    references = [bare.label for bare in BARE.values()] + ["independent"]
     fig, axes = plt.subplots(len(cases), 2, figsize=(11, 3.8 * len(cases)), squeeze=False)
     for (ax_t, ax_s), case in zip(axes, cases):
-        labels = sorted({k.split("@")[0] for k in case["throughput"]})
-        for label in labels:
-            pts = sorted((int(k.split("@")[1]), v) for k, v in case["throughput"].items() if k.startswith(label + "@"))
-            xs = [n for n, _ in pts]
-            ys = [v["median"] for _, v in pts]
-            err = [[v["median"] - v["min"] for _, v in pts], [v["max"] - v["median"] for _, v in pts]]
-            ax_t.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label,
-                          ls="--" if label in ("bare-ddp", "independent") else "-")
-        for label, points in sorted(case["scaling_efficiency"].items()):
-            xs = sorted(int(n) for n in points)
-            ax_s.plot(xs, [points[str(n)] for n in xs], marker="o", label=label)
-        ax_s.axhline(1.0, color="gray", ls=":", label="ideal")
-        top = max([v for points in case["scaling_efficiency"].values() for v in points.values()], default=1.0)
-        ax_t.set(xlabel="world size", ylabel="samples/s", title=f"{case['name']}: throughput")
-        ax_s.set(xlabel="world size", ylabel="throughput(N) / (N x throughput(1))",
-                 title=f"{case['name']}: scaling efficiency", ylim=(0, max(1.2, 1.1 * top)))
-        sizes = sorted({int(k.split("@")[1]) for k in case["throughput"]}) or [1]
-        for ax in (ax_t, ax_s):
-            ax.set_xticks(sizes)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    loaded = " (under load)" if report["under_load"] else ""
-    fig.suptitle(f"{report['machine']['cpu_model']}, {report['machine']['cores']} cores{loaded}", fontsize=9)
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "throughput.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path.name
+        plots.draw_throughput(ax_t, case["throughput"], ideal=False, references=references)
+        plots.draw_scaling(ax_s, case["scaling_efficiency"])
+        ax_t.set_title(f"{case['name']}: throughput")
+        ax_s.set_title(f"{case['name']}: scaling efficiency")
+    fig.suptitle(figure_title(report), fontsize=9)
+    return plots.save(fig, out / "throughput.png", dpi=100)
 
 
 if __name__ == "__main__":

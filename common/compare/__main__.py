@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..config import OneLineParser, build_parser
-from . import benchmarks, report
+from . import arguments, benchmarks, report
 from .analysis import DEFAULT_TOLERANCE
 from .matrix import MatrixRunner, failure_record, plan
 from .rundirs import check_comparable, number_repeats, read_run
@@ -17,33 +17,24 @@ from .rundirs import check_comparable, number_repeats, read_run
 PROG = "compare-backends"
 
 
-def _csv(kind, choices=None):
-    def parse(text: str):
-        items = [kind(x) for x in text.split(",") if x.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("needs at least one value")
-        if choices:
-            bad = [x for x in items if x not in choices]
-            if bad:
-                raise argparse.ArgumentTypeError(f"unknown {', '.join(map(str, bad))}; choose from {', '.join(choices)}")
-        if kind is int and min(items) < 1:
-            raise argparse.ArgumentTypeError("world sizes must be >= 1")
-        return items
-    return parse
-
-
 def build_compare_parser() -> argparse.ArgumentParser:
     """Options of the comparison itself; every other option is a training option."""
     p = OneLineParser(prog=PROG, description=__doc__,
                 epilog="Any other option is a training option (see python -m ddp_train --help) and is passed "
                        "unchanged to every run, e.g. --model resnet18 --dataset synthetic --epochs 2.")
-    p.add_argument("--backends", type=_csv(str, ("ddp", "horovod")), default=["ddp", "horovod"],
+    p.add_argument("--backends", type=arguments.csv_list(str, ("ddp", "horovod")), default=["ddp", "horovod"],
                    help="comma-separated: ddp,horovod")
-    p.add_argument("--np", dest="world_sizes", type=_csv(int), default=[1, 2],
-                   help="comma-separated world sizes, e.g. 1,2,4")
-    p.add_argument("--hvd-controllers", type=_csv(str, ("gloo", "mpi")), default=None,
+    p.add_argument("--np", dest="world_sizes", type=arguments.world_sizes, default=[1, 2, 3],
+                   help="comma-separated world sizes, e.g. 1,2,4 (3: the first where two correct implementations "
+                        "can differ)")
+    p.add_argument("--hvd-controllers", type=arguments.csv_list(str, ("gloo", "mpi")), default=None,
                    help="Horovod controllers at every size (default: gloo at every size, mpi at the largest)")
     p.add_argument("--repeats", type=int, default=2, help="timing repeats of every cell")
+    p.add_argument("--explain", type=arguments.csv_list(str, ("predivide", "deterministic", "none")),
+                   default=["predivide"],
+                   help="runs that explain a gap between DDP and Horovod at 3 ranks or more, at the largest world "
+                        "size: predivide (Horovod dividing before the sum, as DDP does), deterministic (Horovod "
+                        "without tensor fusion, twice: is it reproducible then?), none")
     p.add_argument("--out", type=Path, default=Path("runs/compare"), help="output folder (report and run dirs)")
     p.add_argument("--runs", nargs="+", type=Path, metavar="DIR",
                    help="compare these existing run directories instead of launching")
@@ -89,14 +80,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ValueError as exc:
             return fail(str(exc))
     else:
-        planned = plan(args.backends, sorted(set(args.world_sizes)), args.hvd_controllers, args.repeats)
+        explain = [] if "none" in args.explain or any(a.startswith("--reduction") for a in train_args) else args.explain
+        planned = plan(args.backends, sorted(set(args.world_sizes)), args.hvd_controllers, args.repeats, explain)
         print(f"{PROG}: {len(planned)} runs into {args.out.resolve()}", flush=True)
         runner = MatrixRunner(train_args, args.out, timeout_s=args.run_timeout,
                               echo=lambda line: print(line, flush=True))
         try:
             outcomes = runner.run_all(planned)
-        except KeyboardInterrupt:
-            runner.stop()
+        except KeyboardInterrupt:  # the running job was stopped on the way out (common.launch.Job)
             print(f"{PROG}: interrupted; the running job was stopped", file=sys.stderr)
             return 130
         runs = []

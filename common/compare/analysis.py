@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import statistics
 from itertools import combinations
-from typing import Dict, List, Optional
+from typing import Dict, List
 
+from . import stats
 from .rundirs import Run
 
 #: max |Δw| at or below which non-identical weights are called equal (summation order only)
@@ -50,11 +50,12 @@ def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE) -> Dict:
 
 
 def parity_table(runs: List[Run], tolerance: float = DEFAULT_TOLERANCE) -> List[Dict]:
-    """Parity of every pair of backends at each world size (first repeat of each), and of
-    repeats of one backend against its first run (reproducibility)."""
+    """Parity of every pair of backends at each world size (first repeat of each; the explaining variants,
+    labelled backend+variant, are left to common.compare.explain), and of repeats of one backend against
+    its first run (reproducibility)."""
     out = []
     firsts = [r for r in runs if r.repeat == 0]
-    for a, b in combinations(firsts, 2):
+    for a, b in combinations([r for r in firsts if "+" not in r.label], 2):
         if a.world_size == b.world_size:
             out.append({"kind": "backends", **parity(a, b, tolerance)})
     for run in runs:
@@ -64,18 +65,13 @@ def parity_table(runs: List[Run], tolerance: float = DEFAULT_TOLERANCE) -> List[
     return out
 
 
-def _spread(values: List[float]) -> Dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
-            "values": values}
-
-
 def throughput_table(runs: List[Run]) -> Dict[str, Dict]:
     """samples/s per backend@world: median, min, max over repeats."""
     groups: Dict[str, List[float]] = {}
     for run in runs:
         if run.summary.get("samples_per_s"):
             groups.setdefault(run.key, []).append(float(run.summary["samples_per_s"]))
-    return {key: _spread(values) for key, values in sorted(groups.items())}
+    return {key: stats.spread(values) for key, values in sorted(groups.items())}
 
 
 def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
@@ -83,7 +79,8 @@ def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
     spread across repeats (the ranges of the two do not overlap)."""
     by_world: Dict[int, List[str]] = {}
     for key in throughput:
-        by_world.setdefault(int(key.split("@")[1]), []).append(key)
+        if "+" not in key:  # the explaining variants are no backend of their own
+            by_world.setdefault(int(key.split("@")[1]), []).append(key)
     out = []
     for world, keys in sorted(by_world.items()):
         for ka, kb in combinations(sorted(keys), 2):
@@ -108,27 +105,9 @@ def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
     return out
 
 
-def _baseline(throughput: Dict[str, Dict], label: str) -> Optional[float]:
-    """Single-process throughput for `label`; Horovod controllers share one baseline when
-    only one of them was run at world size 1 (one process does not communicate)."""
-    if f"{label}@1" in throughput:
-        return throughput[f"{label}@1"]["median"]
-    family = label.split("-")[0]
-    for key, value in throughput.items():
-        if key.endswith("@1") and key.split("-")[0].split("@")[0] == family:
-            return value["median"]
-    return None
-
-
 def scaling_table(throughput: Dict[str, Dict]) -> Dict[str, Dict[int, float]]:
-    """Scaling efficiency throughput(N) / (N x throughput(1)) per backend."""
-    out: Dict[str, Dict[int, float]] = {}
-    for key, value in throughput.items():
-        label, world = key.split("@")
-        base = _baseline(throughput, label)
-        if base:
-            out.setdefault(label, {})[int(world)] = value["median"] / (int(world) * base)
-    return out
+    """Scaling efficiency throughput(N) / (N x throughput(1)) per backend (common.compare.stats)."""
+    return stats.scaling_efficiency(throughput)
 
 
 def time_split_table(runs: List[Run]) -> List[Dict]:

@@ -3,56 +3,76 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .launchers import LaunchSpec
+from .. import launch
 from .rundirs import run_name
 
 EPOCH_LINE = re.compile(r"^epoch (\d+) step (\d+)/(\d+)")
 
 
+#: runs that explain a gap between DDP and Horovod at 3 ranks or more: Horovod with the division before the
+#: sum, as DDP does it (how much of the gap is the order of division), and Horovod without tensor fusion,
+#: twice (whether Horovod is then reproducible); each names the training options it adds
+EXPLAIN = {"predivide": ("--predivide",), "deterministic": ("--deterministic",)}
+EXPLAIN_REPEATS = {"predivide": 1, "deterministic": 2}
+
+
 @dataclass
 class PlannedRun:
-    """One cell of the matrix: a launch spec and which timing repeat it is."""
+    """One cell of the matrix: a launcher, a world size, which timing repeat it is, and the training options
+    of an explaining variant."""
 
-    spec: LaunchSpec
+    launcher: launch.Launcher
+    np: int
     repeat: int
+    variant: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        return self.launcher.label + (f"+{self.variant}" if self.variant else "")
+
+    @property
+    def extra_args(self) -> List[str]:
+        return list(EXPLAIN.get(self.variant, ()))
 
     @property
     def name(self) -> str:
-        return run_name(self.spec.label, self.spec.np, self.repeat)
+        return run_name(self.label, self.np, self.repeat)
 
     @property
     def dirname(self) -> str:
-        return f"{self.spec.label}-np{self.spec.np}-r{self.repeat + 1}"
+        return f"{self.label}-np{self.np}-r{self.repeat + 1}"
 
 
 def plan(backends: Sequence[str], world_sizes: Sequence[int], controllers: Optional[Sequence[str]],
-         repeats: int) -> List[PlannedRun]:
+         repeats: int, explain: Sequence[str] = ("predivide",)) -> List[PlannedRun]:
     """The runs to make. Repeats are interleaved (all cells once, then again) so that drift in
     the machine's speed spreads over every cell. With controllers=None Horovod runs the Gloo
-    controller at every size and the MPI controller at the largest."""
+    controller at every size and the MPI controller at the largest. With both backends and a world
+    size of 3 or more, the `explain` variants of Horovod (Gloo, see EXPLAIN) run at the largest size."""
     largest = max(world_sizes)
-    cells: List[LaunchSpec] = []
+    cells = []
     for np in world_sizes:
         for backend in backends:
             if backend == "ddp":
-                cells.append(LaunchSpec("ddp", np))
+                cells.append((launch.find("ddp"), np))
             elif controllers is None:
-                cells.append(LaunchSpec("horovod", np, "gloo"))
+                cells.append((launch.find("horovod", "gloo"), np))
                 if np == largest:
-                    cells.append(LaunchSpec("horovod", np, "mpi"))
+                    cells.append((launch.find("horovod", "mpi"), np))
             else:
-                cells += [LaunchSpec("horovod", np, c) for c in controllers]
-    return [PlannedRun(spec, r) for r in range(repeats) for spec in cells]
+                cells += [(launch.find("horovod", c), np) for c in controllers]
+    runs = [PlannedRun(launcher, np, r) for r in range(repeats) for launcher, np in cells]
+    if {"ddp", "horovod"} <= set(backends) and largest >= 3:
+        gloo = launch.find("horovod", "gloo")
+        runs += [PlannedRun(gloo, largest, r, variant) for variant in explain for r in range(EXPLAIN_REPEATS[variant])]
+    return runs
 
 
 @dataclass
@@ -91,10 +111,10 @@ class MatrixRunner:
         self.python = python
         self.timeout_s = timeout_s
         self.echo = echo
-        self._current: Optional[subprocess.Popen] = None
 
     def run_all(self, runs: List[PlannedRun]) -> List[Outcome]:
-        """Launch every planned run; a failure is recorded and the rest still run."""
+        """Launch every planned run; a failure is recorded and the rest still run. Ctrl-C stops the
+        running job (and every rank it started) before it propagates."""
         outcomes: List[Outcome] = []
         started = time.monotonic()
         for index, planned in enumerate(runs):
@@ -116,57 +136,31 @@ class MatrixRunner:
                  done: List[Outcome]) -> Outcome:
         run_dir = self.out / "runs" / planned.dirname
         run_dir.mkdir(parents=True, exist_ok=True)
-        cmd = planned.spec.command(self.train_args + ["--run-dir", str(run_dir)], python=self.python)
+        cmd = planned.launcher.command(planned.np, self.train_args + planned.extra_args + ["--run-dir", str(run_dir)],
+                                       python=self.python)
         shown = " ".join(cmd)
         self.echo(f"[{index + 1}/{total}] starting {planned.name}: {shown}")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env["PATH"] = f"{Path(self.python).parent}{os.pathsep}{env.get('PATH', '')}"
         t0 = time.monotonic()
-        lines: List[str] = []
-        with open(run_dir / "launch.log", "w") as log:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                    start_new_session=True)
-            self._current = proc
-            try:
-                for line in proc.stdout:
-                    log.write(line)
-                    lines.append(line)
-                    match = EPOCH_LINE.match(line)
-                    if match:
-                        step, steps = int(match.group(2)), int(match.group(3))
-                        now = time.monotonic() - t0
-                        eta = self._eta(index, total, step / steps, now, done)
-                        self.echo(f"    {planned.name} epoch {match.group(1)} step {step}/{steps} "
-                                  f"· elapsed {_fmt_seconds(time.monotonic() - started)} · ETA {_fmt_seconds(eta)}")
-                    if time.monotonic() - t0 > self.timeout_s:
-                        self.stop()
-                        lines.append(f"compare: error: run exceeded --run-timeout {self.timeout_s:.0f}s\n")
-                        break
-                returncode = proc.wait()
-            finally:
-                if proc.poll() is None:
-                    self.stop()
-                self._current = None
-        seconds = time.monotonic() - t0
+
+        def progress(line: str) -> None:
+            match = EPOCH_LINE.match(line)
+            if match:
+                step, steps = int(match.group(2)), int(match.group(3))
+                eta = self._eta(index, total, step / steps, time.monotonic() - t0, done)
+                self.echo(f"    {planned.name} epoch {match.group(1)} step {step}/{steps} "
+                          f"· elapsed {_fmt_seconds(time.monotonic() - started)} · ETA {_fmt_seconds(eta)}")
+
+        result = launch.run(cmd, timeout=self.timeout_s, env=launch.job_env(python=self.python),
+                            log=run_dir / "launch.log", on_line=progress)
+        lines = result.output.splitlines()
+        if result.timed_out:
+            lines.append(f"compare: error: run exceeded --run-timeout {self.timeout_s:.0f}s")
+        returncode = result.returncode if not result.timed_out else (result.returncode or 124)
         error = None if returncode == 0 else _error_of(lines)
         (run_dir / "launch.json").write_text(json.dumps(
-            {"command": shown, "returncode": returncode, "seconds": seconds, "name": planned.name,
-             "backend": planned.spec.label, "np": planned.spec.np, "repeat": planned.repeat + 1}, indent=2) + "\n")
-        return Outcome(planned, run_dir, returncode, seconds, shown, error)
-
-    def stop(self) -> None:
-        """End the running job's whole process group: SIGTERM, then SIGKILL after 10 s."""
-        proc = self._current
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        except ProcessLookupError:
-            pass
+            {"command": shown, "returncode": returncode, "seconds": result.seconds, "name": planned.name,
+             "backend": planned.label, "np": planned.np, "repeat": planned.repeat + 1}, indent=2) + "\n")
+        return Outcome(planned, run_dir, returncode, result.seconds, shown, error)
 
 
 def failure_record(outcome: Outcome) -> Dict:

@@ -1,9 +1,10 @@
-"""The report's figures (matplotlib, written as PNG files)."""
+"""Figures (matplotlib, written as PNG files): the report's, and the axis-level drawings that the report
+and the benchmark scripts share (throughput and scaling efficiency against world size)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import matplotlib
 
@@ -11,6 +12,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from . import stats  # noqa: E402
 from .rundirs import Run  # noqa: E402
 
 PLOTS = {
@@ -22,9 +24,11 @@ PLOTS = {
 }
 
 
-def _save(fig, path: Path) -> str:
+def save(fig, path: Path, dpi: int = 110) -> str:
+    """Write `fig` to `path` (its folder made if needed), close it, and return the file's name."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path.name
 
@@ -52,46 +56,67 @@ def curves(runs: List[Run], out: Path) -> str:
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7)
-    return _save(fig, out / PLOTS["curves"])
+    return save(fig, out / PLOTS["curves"])
+
+
+def draw_throughput(ax, table: Dict[str, Dict], ideal: bool = True, references: Sequence[str] = ()) -> None:
+    """samples/s against world size per label of a throughput table ("label@N" -> spread), min-max over
+    repeats as error bars; with `ideal`, linear scaling from each label's single-process median dotted.
+    `references` (e.g. a bare loop) are dashed and get no ideal line."""
+    labels = stats.labels(table)
+    for label in labels:
+        points = stats.series(table, label)
+        xs = [w for w, _ in points]
+        med = [v["median"] for _, v in points]
+        err = [[v["median"] - v["min"] for _, v in points], [v["max"] - v["median"] for _, v in points]]
+        line = ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=label,
+                           ls="--" if label in references else "-")
+        if ideal and label not in references and xs and xs[0] == 1:
+            ax.plot(xs, [med[0] * w for w in xs], ls=":", color=line[0].get_color(), label=f"{label} ideal")
+    if not labels:
+        _empty(ax, "no throughput measured")
+    ax.set(xlabel="world size (processes)", ylabel="samples/s")
+    ax.set_xticks(sorted({stats.split_key(k)[1] for k in table}) or [1])
+    ax.grid(alpha=0.3)
+    if labels:
+        ax.legend(fontsize=7)
+
+
+def draw_scaling(ax, table: Dict[str, Dict[int, float]]) -> None:
+    """Scaling efficiency against world size per label ({label: {N: efficiency}}); 1.0, perfect, dotted."""
+    worlds = set()
+    for label, points in sorted(table.items()):
+        points = {int(w): e for w, e in points.items()}  # JSON keeps world sizes as strings
+        xs = sorted(points)
+        worlds.update(xs)
+        ax.plot(xs, [points[x] for x in xs], marker="o", label=label)
+    ax.axhline(1.0, color="gray", ls=":", label="ideal")
+    if not table:
+        _empty(ax, "needs runs at world size 1")
+    top = max([v for points in table.values() for v in points.values()], default=1.0)
+    ax.set(xlabel="world size (processes)", ylabel="throughput(N) / (N x throughput(1))",
+           ylim=(0, max(1.15, 1.1 * top)))
+    if worlds:
+        ax.set_xticks(sorted(worlds))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def throughput(table: Dict[str, Dict], out: Path) -> str:
     """samples/s against world size per backend (min-max over repeats as error bars), with
     ideal linear scaling from each backend's single-process throughput."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    labels = sorted({k.split("@")[0] for k in table})
-    for label in labels:
-        points = sorted((int(k.split("@")[1]), v) for k, v in table.items() if k.split("@")[0] == label)
-        xs = [w for w, _ in points]
-        med = [v["median"] for _, v in points]
-        err = [[v["median"] - v["min"] for _, v in points], [v["max"] - v["median"] for _, v in points]]
-        line = ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=label)
-        if xs and xs[0] == 1:
-            ax.plot(xs, [med[0] * w for w in xs], ls=":", color=line[0].get_color(), label=f"{label} ideal")
-    if not labels:
-        _empty(ax, "no throughput measured")
-    ax.set(xlabel="world size (processes)", ylabel="samples/s", title="Throughput")
-    ax.set_xticks(sorted({int(k.split("@")[1]) for k in table}) or [1])
-    ax.grid(alpha=0.3)
-    if labels:
-        ax.legend(fontsize=8)
-    return _save(fig, out / PLOTS["throughput"])
+    draw_throughput(ax, table)
+    ax.set_title("Throughput")
+    return save(fig, out / PLOTS["throughput"])
 
 
 def scaling(table: Dict[str, Dict[int, float]], out: Path) -> str:
     """Scaling efficiency against world size per backend; 1.0 is perfect."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, points in sorted(table.items()):
-        xs = sorted(points)
-        ax.plot(xs, [points[x] for x in xs], marker="o", label=label)
-    ax.axhline(1.0, color="gray", ls=":", label="ideal")
-    if not table:
-        _empty(ax, "needs runs at world size 1")
-    ax.set(xlabel="world size (processes)", ylabel="throughput(N) / (N x throughput(1))",
-           title="Scaling efficiency", ylim=(0, 1.15))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, out / PLOTS["scaling"])
+    draw_scaling(ax, table)
+    ax.set_title("Scaling efficiency")
+    return save(fig, out / PLOTS["scaling"])
 
 
 def time_split(rows: List[Dict], out: Path) -> str:
@@ -107,7 +132,7 @@ def time_split(rows: List[Dict], out: Path) -> str:
     ax.tick_params(axis="x", rotation=45, labelsize=8)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, out / PLOTS["time_split"])
+    return save(fig, out / PLOTS["time_split"])
 
 
 def parity(pairs: List[Dict], out: Path) -> str:
@@ -139,4 +164,4 @@ def parity(pairs: List[Dict], out: Path) -> str:
         ax.grid(alpha=0.3)
     if ax_loss.lines:
         ax_loss.legend(fontsize=7)
-    return _save(fig, out / PLOTS["parity"])
+    return save(fig, out / PLOTS["parity"])

@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..rundir import json_safe
-from . import analysis, benchmarks, plots
+from . import analysis, benchmarks, explain, plots
+from .tables import markdown as _table, number as _fmt
 from .rundirs import Run, setting_differences
-
-
-def _fmt(value, spec: str = ".4f") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    return format(value, spec)
-
-
-def _table(headers: List[str], rows: List[List[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, notes: List[str],
@@ -35,6 +23,8 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
     scaling = analysis.scaling_table(throughput)
     split = analysis.time_split_table(runs)
     accuracy = analysis.accuracy_table(runs)
+    explanations = explain.explanations(pairs, runs)
+    world_sizes = explain.world_size_verdicts(runs)
     figures = {
         "curves": plots.curves(runs, out),
         "throughput": plots.throughput(throughput, out),
@@ -50,6 +40,8 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
                   "versions": r.config.get("versions"), "settings": r.settings} for r in runs],
         "failures": failures,
         "parity": pairs,
+        "explanations": explanations,
+        "world_sizes": world_sizes,
         "throughput": throughput,
         "speed": speed,
         "scaling_efficiency": {k: {str(w): e for w, e in v.items()} for k, v in scaling.items()},
@@ -70,19 +62,29 @@ def _markdown(s: Dict, runs: List[Run], bench_section: List[str]) -> str:
     md = ["# Horovod vs DDP: comparison report", ""]
     first = runs[0].settings if runs else {}
     if first:
-        md.append(f"Model **{first.get('model')}** on **{first.get('dataset')}**, per-process batch "
-                  f"{first.get('batch_size')}, seed {first.get('seed')}, optimizer {first.get('optimizer')} "
-                  f"(lr {first.get('lr')}), {len(runs)} run(s).")
+        batch = (f"--reduction exact, global batch {first.get('global_batch') or 'default'} in micro-batches of "
+                 f"{first.get('micro_batch')}" if first.get("reduction") == "exact" else
+                 f"global batch {first['global_batch']}" if first.get("global_batch") else
+                 f"per-process batch {first.get('batch_size')}")
+        md.append(f"Model **{first.get('model')}** on **{first.get('dataset')}**, {batch}, seed {first.get('seed')}, "
+                  f"optimizer {first.get('optimizer')} (lr {first.get('lr')}), {len(runs)} run(s).")
         md.append("")
 
     md += ["## Verdicts", ""]
     verdicts_start = len(md)
+    why = {(e["a"], e["b"]): e["text"] for e in s["explanations"]}
     for p in s["parity"]:
         if p["kind"] == "backends":
             md.append(f"- **Weights, world size {p['world_size']}**, {p['a']} vs {p['b']}: **{p['verdict']}**.")
+            if (p["a"], p["b"]) in why:
+                md.append(f"  Why, measured: {why[p['a'], p['b']]}")
+    for w in s["world_sizes"]:
+        md.append(f"- **World sizes** (--reduction exact): **{w['verdict']}**.")
     for v in s["speed"]:
         md.append(f"- **Speed**: {v['verdict']}.")
     for label, points in sorted(s["scaling_efficiency"].items()):
+        if "+" in label:  # an explaining variant, run at one world size only
+            continue
         shown = ", ".join(f"{_fmt(e, '.2f')} at {w}" for w, e in sorted(points.items(), key=lambda x: int(x[0]))
                           if w != "1")
         if shown:

@@ -43,11 +43,17 @@ class Run:
 
     @property
     def label(self) -> str:
-        """Backend and, for Horovod, its controller: ddp, horovod-gloo, horovod-mpi."""
+        """Backend and, for Horovod, its controller, then the variants that change how it sums:
+        ddp, horovod-gloo, horovod-mpi, horovod-gloo+predivide, horovod-gloo+deterministic."""
         backend = self.config["backend"]
-        if backend.get("name") == "horovod" and backend.get("controller"):
-            return f"horovod-{backend['controller']}"
-        return backend.get("name", "unknown")
+        label = backend.get("name", "unknown")
+        if label == "horovod" and backend.get("controller"):
+            label = f"horovod-{backend['controller']}"
+        if backend.get("predivide") and label != "ddp":  # DDP divides before the sum either way
+            label += "+predivide"
+        if backend.get("deterministic"):
+            label += "+deterministic"
+        return label
 
     @property
     def key(self) -> str:

@@ -1,0 +1,192 @@
+"""What --reduction exact costs against --reduction allreduce, measured.
+
+- speed: samples/s of both modes at each world size for each model, through torchrun, at the same
+  global batch (exact mode's batch does not change with the world size, so neither does this one's),
+  each mode with its own default thread count (exact: 1 per rank), median over repeats;
+- bytes moved per step: what each rank hands to its allreduces per step (summary.json), float32
+  gradients against int64 fixed-point sums plus the exchanged per-micro-batch values;
+- the fixed-point error: on real gradients of the model at its initial weights, the largest element
+  error of the fixed-point mean over the micro-batches against the float64 mean, beside float32's own
+  error summing the same gradients in order, each relative to the tensor's largest gradient;
+- the distance after a full run: the default training (the digits, 10 epochs) at 3 ranks in both modes,
+  the largest element-wise weight difference. It is more than the rounding of the sums: exact mode
+  normalises BatchNorm over micro-batches and groups the global batch's samples differently.
+
+    python -m benchmarks.exact_cost --out benchmarks/results
+
+Writes DIR/exact_cost.json and prints its tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from common.compare import stats, tables
+from common.compare.arguments import world_sizes
+
+from .jobs import JobFailed, run_cli, run_job, worker_command
+from .machine import Record, publish
+
+MODELS = {"convnet": 32, "resnet18": 64}
+MODES = ("allreduce", "exact")
+
+
+def _mode_args(mode: str, global_batch: int, micro_batch: int) -> List[str]:
+    if mode == "exact":
+        return ["--reduction", "exact", "--global-batch", str(global_batch), "--micro-batch", str(micro_batch)]
+    return ["--global-batch", str(global_batch)]
+
+
+def speed(args, work: Path, failures: List[Dict]) -> List[Dict]:
+    """samples/s and bytes per step of both modes, per model and world size (median over repeats)."""
+    cells: Dict[tuple, List[Dict]] = {}
+    for repeat in range(args.repeats):
+        for model, size in MODELS.items():
+            if model not in args.models:
+                continue
+            for np in args.np:
+                for mode in MODES:
+                    run_dir = work / f"{model}-{mode}-{np}-r{repeat + 1}"
+                    samples = (args.steps + 2) * args.global_batch * 2
+                    train = ["--model", model, "--dataset", "synthetic", "--image-size", str(size),
+                             "--synthetic-samples", str(samples), "--epochs", "1", "--max-steps", str(args.steps),
+                             *_mode_args(mode, args.global_batch, args.micro_batch), "--run-dir", str(run_dir)]
+                    cmd = worker_command("torchrun", np, "ddp_train", train)
+                    print(f"exact_cost: {model} {mode} x{np} #{repeat + 1} ...", flush=True)
+                    try:
+                        run_job(cmd, run_dir.with_suffix(".log"), args.timeout)
+                        summary = json.loads((run_dir / "summary.json").read_text())
+                        config = json.loads((run_dir / "config.json").read_text())
+                    except (JobFailed, OSError, ValueError) as exc:
+                        failures.append({"model": model, "mode": mode, "world_size": np, "error": str(exc)[-2000:]})
+                        continue
+                    cells.setdefault((model, mode, np), []).append(
+                        {"samples_per_s": summary["samples_per_s"], "bytes": summary["reduced_bytes_per_step"],
+                         "threads": config["threads"]})
+    rows = []
+    for (model, mode, np), runs in sorted(cells.items()):
+        rows.append({"model": model, "mode": mode, "world_size": np,
+                     "samples_per_s": stats.spread([r["samples_per_s"] for r in runs]),
+                     "bytes_per_step": runs[0]["bytes"], "threads": runs[0]["threads"]})
+    return rows
+
+
+def fixed_point_error(model_name: str, size: int, global_batch: int, micro_batch: int, seed: int = 0) -> Dict:
+    """The largest relative error of the fixed-point mean of real micro-batch gradients, and of float32's
+    sequential sum, against the float64 mean."""
+    from common.fixedpoint import FixedPoint, tensor_maxima
+    from common.models import build_model
+
+    torch.manual_seed(seed)
+    model = build_model(model_name, 3, size, 10, seed)
+    gen = torch.Generator().manual_seed(seed)
+    images = torch.randn(global_batch, 3, size, size, generator=gen)
+    labels = torch.randint(10, (global_batch,), generator=gen)
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = []
+    for x, y in zip(images.split(micro_batch), labels.split(micro_batch)):
+        model.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in params]).clone())
+    count = len(grads)
+    fixed = FixedPoint([p.numel() for p in params], count)
+    per_tensor = [list(g.split([p.numel() for p in params])) for g in grads]
+    fixed.rescale(torch.stack([tensor_maxima(t) for t in per_tensor]).max(dim=0).values)
+    reference = torch.stack(grads).double().mean(dim=0)
+    in_fixed = fixed.to_floats(sum(fixed.to_integers(g) for g in grads), count).double()
+    in_float32 = grads[0].clone()
+    for g in grads[1:]:
+        in_float32 += g
+    in_float32 = (in_float32 / count).double()
+    worst = {"fixed_point": 0.0, "float32_sum": 0.0}
+    offset = 0
+    for p in params:
+        part = slice(offset, offset + p.numel())
+        scale = reference[part].abs().max().item() or 1.0
+        worst["fixed_point"] = max(worst["fixed_point"], (in_fixed[part] - reference[part]).abs().max().item() / scale)
+        worst["float32_sum"] = max(worst["float32_sum"], (in_float32[part] - reference[part]).abs().max().item() / scale)
+        offset += p.numel()
+    return {"model": model_name, "image_size": size, "micro_batches": count, **worst}
+
+
+def distance(args, work: Path, failures: List[Dict]) -> Optional[Dict]:
+    """The default training at 3 ranks in both modes (both with a global batch of 96): the final weights'
+    largest difference."""
+    dirs = {}
+    for mode in MODES:
+        run_dir = work / f"default-{mode}"
+        train = (["--reduction", "exact"] if mode == "exact" else []) + ["--run-dir", str(run_dir)]
+        print(f"exact_cost: default training, {mode}, 3 ranks ...", flush=True)
+        try:
+            run_job(worker_command("torchrun", 3, "ddp_train", train), run_dir.with_suffix(".log"), args.timeout)
+        except JobFailed as exc:
+            failures.append({"mode": mode, "world_size": 3, "error": str(exc)[-2000:]})
+            return None
+        dirs[mode] = run_dir
+    a, b = (torch.load(dirs[m] / "model.pt", weights_only=True) for m in MODES)
+    worst = max(float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].is_floating_point())
+    largest = max(float(a[k].double().abs().max()) for k in a if a[k].is_floating_point())
+    scores = {m: json.loads((dirs[m] / "summary.json").read_text())["val_top1"] for m in MODES}
+    return {"world_size": 3, "max_abs_weight_diff": worst, "largest_weight": largest,
+            "val_top1": scores, "settings": "defaults (convnet, digits, 10 epochs, global batch 96)"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.exact_cost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--np", type=world_sizes, default=[1, 2, 3], help="world sizes, e.g. 1,2,3")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    p.add_argument("--global-batch", type=int, default=48, help="samples per step, in both modes")
+    p.add_argument("--micro-batch", type=int, default=8, help="exact mode's micro-batch")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps per run (the first is not timed)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--no-distance", dest="distance", action="store_false",
+                   help="skip the two default trainings (minutes)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds before one run is stopped")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--work", type=Path, default=Path("runs/bench-exact"), help="run directories (not kept in git)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    if not args.models or any(m not in MODELS for m in args.models):
+        print(f"exact_cost: error: --models: choose from {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    if args.global_batch % args.micro_batch or any((args.global_batch // args.micro_batch) % n for n in args.np):
+        print(f"exact_cost: error: --global-batch {args.global_batch} must be a multiple of --micro-batch "
+              f"{args.micro_batch} whose micro-batches every world size in --np shares", file=sys.stderr)
+        return 2
+    record = Record("exact_cost", argv)
+    failures: List[Dict] = []
+    rows = speed(args, args.work, failures)
+    errors = [fixed_point_error(m, MODELS[m], args.global_batch, args.micro_batch) for m in args.models]
+    far = distance(args, args.work, failures) if args.distance else None
+    report = {**record.header(), "settings": {"global_batch": args.global_batch, "micro_batch": args.micro_batch,
+                                              "steps": args.steps, "repeats": args.repeats, "launcher": "torchrun",
+                                              "image_sizes": {m: MODELS[m] for m in args.models}},
+              "speed": rows, "fixed_point_error": errors, "distance": far, "failures": failures}
+    table = tables.text(["model", "mode", "np", "samples/s", "threads", "bytes/step"],
+                        [[r["model"], r["mode"], r["world_size"],
+                          tables.measured(r["samples_per_s"]["median"], r["samples_per_s"]["min"],
+                                          r["samples_per_s"]["max"]),
+                          r["threads"], tables.size(r["bytes_per_step"])] for r in rows])
+    table += "\n" + tables.text(["model", "micro-batches", "fixed-point error", "float32 sum error"],
+                                [[e["model"], e["micro_batches"], f"{e['fixed_point']:.1e}", f"{e['float32_sum']:.1e}"]
+                                 for e in errors])
+    if far:
+        table += (f"\ndefault training at 3 ranks, exact vs allreduce: max |Δw| {far['max_abs_weight_diff']:.2e} "
+                  f"(largest weight {far['largest_weight']:.2f}); val top-1 {far['val_top1']}")
+    return publish(report, args.out / "exact_cost.json", table)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, "exact_cost"))

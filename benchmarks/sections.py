@@ -1,0 +1,654 @@
+"""The generated parts of BENCHMARKS.md: each block turns committed result files (benchmarks/results/)
+into markdown, says which file every number came from, and says so when a file is not there yet.
+
+A block is called as `{{name FILE [FILE...] [OPTION]}}` from the template (benchmarks.render); FILE is
+relative to the results folder."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from common.compare import arguments, stats, tables
+from common.compare.benchmarks import loop_ratios
+
+#: the project's targets, the one place they are written down: name -> (value, how it reads)
+TARGETS = {
+    "loop_ratio": (1.02, "1.02"),
+    "scaling": (0.90, "0.90"),
+    "busbw_of_limit": (0.50, "50%"),
+    "data_frac": (0.05, "5%"),
+}
+#: how a series or run label reads in the tables
+NAMES = {"torch-gloo": "torch gloo", "horovod-gloo": "Horovod/Gloo", "horovod-mpi": "Horovod/MPI",
+         "mpi": "Open MPI alone", "ddp": "DDP", "bare-ddp": "bare DDP (seed)",
+         "bare-ddp-batched": "bare DDP (batched)", "independent": "independent N x 1"}
+#: the order of runs in a throughput table
+RUN_ORDER = ["bare-ddp", "bare-ddp-batched", "ddp", "horovod-gloo", "horovod-mpi", "independent"]
+#: environment knob -> (backend_options field with the value a run used, field saying who chose it, unit)
+KNOB_RECORDS = {"HOROVOD_CYCLE_TIME": ("cycle_time_ms", "cycle_time_source", " ms"),
+                "OMPI_MCA_mpi_yield_when_idle": ("mpi_yield_when_idle", "mpi_yield_source", "")}
+#: what gets printed where a result file has not been written yet
+MISSING_FILE = "_Not measured yet: `benchmarks/run_all.sh` writes `{path}`._"
+
+
+class Results:
+    """The result files under one folder, read once each; remembers which were cited."""
+
+    def __init__(self, folder: Path, shown_as: str = "benchmarks/results") -> None:
+        self.folder, self.shown_as = Path(folder), shown_as
+        self._cache: Dict[str, Optional[Dict]] = {}
+
+    def path(self, name: str) -> str:
+        """How the document names a result file."""
+        return f"{self.shown_as}/{name}"
+
+    def get(self, name: str) -> Optional[Dict]:
+        """The parsed result, None when the file does not exist; ValueError when it is not a result."""
+        if name not in self._cache:
+            file = self.folder / name
+            if not file.is_file():
+                self._cache[name] = None
+            else:
+                try:
+                    self._cache[name] = json.loads(file.read_text())
+                except ValueError as exc:
+                    raise ValueError(f"{file} is not JSON ({exc}); re-run the step of benchmarks/run_all.sh "
+                                     "that writes it") from None
+        return self._cache[name]
+
+    def all_files(self) -> List[str]:
+        """Every benchmark result in the folder (JSON with a "benchmark" field), sorted."""
+        names = sorted(str(p.relative_to(self.folder)) for p in self.folder.rglob("*.json"))
+        return [n for n in names if isinstance(self.get(n), dict) and "benchmark" in self.get(n)]
+
+
+# ---- numbers as the document shows them ----
+
+def rounded(value: Optional[float], digits: int = 3) -> str:
+    """`digits` significant digits without an exponent: 2162.8 -> "2163", 15.43 -> "15.4", 0.1362 -> "0.136"."""
+    if value is None or not math.isfinite(value):
+        return tables.MISSING
+    if value == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:.{decimals}f}"
+
+
+def ms(seconds: Optional[float]) -> str:
+    """Seconds as milliseconds, two significant digits: "0.14 ms", "15 ms", "218 ms"."""
+    return tables.MISSING if seconds is None else f"{rounded(seconds * 1e3, 2)} ms"
+
+
+def spread_cell(cell: Optional[Dict]) -> str:
+    """A throughput cell: median (min–max), three significant digits."""
+    if not cell:
+        return tables.MISSING
+    decimals = max(0, 2 - math.floor(math.log10(abs(cell["median"])))) if cell["median"] else 0
+    return tables.measured(cell["median"], cell["min"], cell["max"], f".{decimals}f")
+
+
+def when(result: Dict) -> str:
+    """The UTC day a result was measured, "–" when it does not say."""
+    started = result.get("started")
+    return datetime.fromtimestamp(started, tz=timezone.utc).strftime("%Y-%m-%d") if started else tables.MISSING
+
+
+def target(name: str) -> str:
+    """A target as the prose reads it."""
+    return TARGETS[name][1]
+
+
+# ---- what every table carries: its command and its source ----
+
+def command_block(result: Dict, width: int = 100) -> str:
+    """The command that wrote a result, wrapped between options (an option stays with its values)."""
+    groups: List[str] = []
+    for word in shlex.split(result["command"]):
+        piece = shlex.quote(word)
+        if groups and not word.startswith("-"):
+            groups[-1] += " " + piece
+        else:
+            groups.append(piece)
+    lines = [""]
+    for group in groups:
+        if lines[-1] and len(lines[-1]) + len(group) + 1 > width:
+            lines[-1] += " \\"
+            lines.append("    " + group)
+        else:
+            lines[-1] = f"{lines[-1]} {group}" if lines[-1] else group
+    return "```bash\n" + "\n".join(lines) + "\n```"
+
+
+def source_line(results: Results, name: str) -> str:
+    """Which file the numbers above come from, when they were measured and under what load."""
+    result = results.get(name)
+    load = (result.get("load_before") or {}).get("1m")
+    loaded = ", **under load**" if result.get("under_load") else ""
+    return f"Source: `{results.path(name)}` (measured {when(result)}, 1-minute load {load} before starting{loaded})."
+
+
+def framed(results: Results, names: Sequence[str], body: Callable[[], str]) -> str:
+    """The commands, the block's body and its sources; the missing-file note instead when a file is not there."""
+    missing = [n for n in names if results.get(n) is None]
+    if missing:
+        return "\n\n".join(MISSING_FILE.format(path=results.path(n)) for n in missing)
+    commands = "\n\n".join(command_block(results.get(n)) for n in names)
+    sources = " ".join(source_line(results, n) for n in names)
+    return f"{commands}\n\n{body()}\n\n{sources}"
+
+
+# ---- machines ----
+
+def machine_line(m: Dict) -> str:
+    """One machine in words."""
+    v = m.get("versions") or {}
+    parts = [f"{m.get('cpu_model')} (model name in `/proc/cpuinfo`)", f"{m.get('cores')} cores",
+             f"{m.get('memory_gib')} GiB", ", ".join(m.get("gpus") or []) or "no GPU"]
+    software = [v.get("platform"), f"Python {v.get('python')}", f"torch {v.get('torch')}",
+                f"torchvision {v.get('torchvision')}", f"Horovod {v.get('horovod')}"]
+    if v.get("mpi"):
+        software.append(v["mpi"])
+    return ", ".join(parts) + "; " + ", ".join(s for s in software if s)
+
+
+def machines(results: Results) -> str:
+    """The machines the results ran on, and when and under what load each result was measured."""
+    files = results.all_files()
+    described: Dict[str, List[str]] = {}
+    for name in files:
+        described.setdefault(machine_line(results.get(name)["machine"]), []).append(name)
+    lines = []
+    for line, names in described.items():
+        which = "every result below" if len(described) == 1 else ", ".join(f"`{n}`" for n in names)
+        lines.append(f"- {line} ({which}).")
+    rows = []
+    for name in files:
+        r = results.get(name)
+        rows.append([f"`{results.path(name)}`", when(r), (r.get("load_before") or {}).get("1m", tables.MISSING),
+                     "yes" if r.get("under_load") else "no",
+                     ((r["machine"].get("versions") or {}).get("project_git") or tables.MISSING)[:12]])
+    return "\n".join(lines) + "\n\n" + tables.markdown(
+        ["result", "measured (UTC)", "1-minute load before", "under_load", "git revision"], rows)
+
+
+# ---- targets ----
+
+def _met(ok: Optional[bool]) -> str:
+    return "not measured" if ok is None else "yes" if ok else "no"
+
+
+def _reference_case(result: Dict) -> Optional[Dict]:
+    """The case of a sweep with the knob left to the program (no knob set, or auto)."""
+    return next((c for c in result["cases"] if c["knob"] is None or c["value"] == "auto"), None)
+
+
+def _loop_target(tp: Dict) -> tuple:
+    limit = TARGETS["loop_ratio"][0]
+    shown, verdicts = [], []
+    for kind, index in (("seed", 0), ("batched", 1)):
+        values = []
+        for case in tp["cases"]:
+            for n, r in sorted(loop_ratios(case)[index].items(), key=lambda x: int(x[0])):
+                values.append(r)
+                shown.append(f"{case['name']} {case['image_size']}x{case['image_size']} x{n} {kind}: {r:.2f}")
+        verdicts.append(f"{kind}: {_met(all(v <= limit for v in values) if values else None)}")
+    return "; ".join(shown), ", ".join(verdicts)
+
+
+def _scaling_target(result: Dict) -> tuple:
+    shown = []
+    for case in result["cases"]:
+        cells = ", ".join(f"{NAMES.get(label, label)} {points['2']:.2f}"
+                          for label, points in sorted(case["scaling_efficiency"].items()) if "2" in points)
+        shown.append(f"{setting(case)}: {cells or 'no world size 2'}")
+    reference = _reference_case(result) or {"scaling_efficiency": {}, "knob": None}
+    verdicts = [f"{NAMES.get(label, label)} {_met(points['2'] >= TARGETS['scaling'][0] if '2' in points else None)}"
+                for label, points in sorted(reference["scaling_efficiency"].items())]
+    return "; ".join(shown), ", ".join(verdicts) + f" with {setting(reference)}"
+
+
+def _row_at(series: Dict, nbytes: int) -> Optional[Dict]:
+    return next((r for r in series["results"] if r["bytes"] == nbytes), None)
+
+
+def _busbw_target(ar: Dict) -> tuple:
+    shown, ok = [], None
+    for s in ar["series"]:
+        r = _row_at(s, 64 * 2**20)
+        if r is None:
+            continue
+        shown.append(f"{NAMES.get(s['name'], s['name'])} {r['busbw_GBps']:.1f} GB/s = {100 * r['busbw_of_limit']:.0f}%")
+        if s["name"] == "horovod-mpi":
+            ok = r["busbw_of_limit"] >= TARGETS["busbw_of_limit"][0]
+    floor = ar.get("floor")
+    if floor:
+        shown.append(f"copy/add floor {floor['busbw_GBps']:.1f} GB/s = {100 * floor['of_limit']:.0f}%")
+    return "; ".join(shown), _met(ok)
+
+
+def _data_target(*found: Dict) -> tuple:
+    shown, over = [], []
+    for result in found:
+        for case in result["cases"]:
+            for key, split in sorted(case["time_split"].items()):
+                label, world = stats.split_key(key)
+                if split.get("data_frac") is None:
+                    continue
+                cell = (f"{result['settings']['dataset']} {NAMES.get(label, label)} x{world} "
+                        f"{tables.percent(split['data_frac'])}")
+                shown.append(cell)
+                if split["data_frac"] >= TARGETS["data_frac"][0]:
+                    over.append(cell)
+    return "; ".join(shown), "yes" if not over else "no: " + ", ".join(over)
+
+
+def _target_row(results: Results, names: Sequence[str], judge: Callable[..., tuple]) -> List[str]:
+    """[what was measured (and where), met] from the named results; "not measured" while one is missing."""
+    found = [results.get(n) for n in names]
+    if any(r is None for r in found):
+        return ["not measured", "not measured"]
+    shown, verdict = judge(*found)
+    return [f"{shown} (" + ", ".join(f"`{results.path(n)}`" for n in names) + ")", verdict]
+
+
+def targets(results: Results) -> str:
+    """The project's targets, what was measured against each, and whether it is met."""
+    rows = [
+        [f"our loop's step time ≤ {target('loop_ratio')} x the bare DDP loop's",
+         *_target_row(results, ["throughput.json"], _loop_target)],
+        [f"scaling efficiency at world size 2, resnet18, batch 16, 224x224, one thread per rank ≥ {target('scaling')}",
+         *_target_row(results, ["scaling-1thread/throughput.json"], _scaling_target)],
+        [f"Horovod MPI busbw at 64 MB ≥ {target('busbw_of_limit')} of the memory-copy limit",
+         *_target_row(results, ["allreduce.json"], _busbw_target)],
+        [f"data wait < {target('data_frac')} of the step for digits and synthetic",
+         *_target_row(results, ["data-wait-digits/throughput.json", "data-wait-synthetic/throughput.json"],
+                      _data_target)],
+    ]
+    return tables.markdown(["target", "measured", "met"], rows)
+
+
+# ---- allreduce ----
+
+def series_title(series: Dict) -> str:
+    """A column of an allreduce table."""
+    name = NAMES.get(series["name"], series["name"])
+    algorithm = f" ({series['mpi_algorithm']})" if series.get("mpi_algorithm") else ""
+    return f"{name}{algorithm} x{series['world_size']}"
+
+
+def allreduce_cell(row: Optional[Dict]) -> str:
+    """Time per allreduce; from 1 MB up also busbw and its share of the limit."""
+    if row is None:
+        return tables.MISSING
+    if row["bytes"] < 2**20:
+        return ms(row["time_s"])
+    return (f"{ms(row['time_s'])}, {rounded(row['busbw_GBps'], 2)} GB/s "
+            f"({100 * row['busbw_of_limit']:.0f}%)")
+
+
+def allreduce_limit(results: Results, name: str) -> str:
+    """The memory-copy limit and the copy/add floor of one allreduce result, in words."""
+    ar = results.get(name)
+    if ar is None:
+        return MISSING_FILE.format(path=results.path(name))
+    c = ar["memcpy"]
+    text = (f"Memory-copy limit: {c['limit_GBps']:.1f} GB/s ({c['limit']}; one thread {c['cpu_1thread_GBps']:.1f} "
+            f"GB/s, all cores {c['cpu_all_cores_GBps']:.1f} GB/s).")
+    floor = ar.get("floor")
+    if floor:
+        size = max((r["bytes"] for s in ar["series"] for r in s["results"]), default=None)
+        text += (f" Copy/add floor: one thread copies {floor['copy_GBps']:.1f} GB/s and adds {floor['add_GBps']:.1f} "
+                 f"GB/s on {tables.size(floor['bytes'])} buffers, so a copy-based ring allreduce reaches at most "
+                 f"{floor['busbw_GBps']:.1f} GB/s busbw, {100 * floor['of_limit']:.0f}% of the limit")
+        if size:
+            least = size * floor_factor(2) / floor["busbw_GBps"] / 1e9
+            text += f" (at least {ms(least)} for {tables.size(size)} at world size 2)"
+        text += "."
+    else:
+        text += (" The copy/add floor is not in this result (it was measured before the benchmark recorded it); "
+                 "the next run of `benchmarks/run_all.sh` adds it.")
+    return text + f" Source: `{results.path(name)}`."
+
+
+def floor_factor(world_size: int) -> float:
+    """busbw = bytes x floor_factor / time: 2(n-1)/n."""
+    return 2 * (world_size - 1) / world_size
+
+
+def allreduce_table(results: Results, name: str, sizes: Optional[str] = None) -> str:
+    """Time per allreduce (and busbw) by size, one column per series; `sizes` picks rows ("4,4K,1M")."""
+
+    def body() -> str:
+        ar = results.get(name)
+        series = ar["series"]
+        all_sizes = sorted({r["bytes"] for s in series for r in s["results"]})
+        if sizes:
+            wanted = {arguments.byte_size(s) for s in sizes.split(",")}
+            all_sizes = [b for b in all_sizes if b in wanted]
+        rows = [[tables.size(b)] + [allreduce_cell(_row_at(s, b)) for s in series] for b in all_sizes]
+        table = tables.markdown(["size"] + [series_title(s) for s in series], rows)
+        return table + _failures(ar)
+
+    return framed(results, [name], body)
+
+
+def allreduce_algorithms(results: Results, name: str) -> str:
+    """Open MPI's allreduce algorithms at the largest size: one row per algorithm, one column per series."""
+
+    def body() -> str:
+        ar = results.get(name)
+        columns = list(dict.fromkeys(f"{NAMES.get(s['name'], s['name'])} x{s['world_size']}" for s in ar["series"]))
+        algorithms = list(dict.fromkeys(s.get("mpi_algorithm") or "default" for s in ar["series"]))
+        size = max(r["bytes"] for s in ar["series"] for r in s["results"])
+        rows = []
+        for algorithm in algorithms:
+            row = [algorithm]
+            for column in columns:
+                s = next((s for s in ar["series"] if (s.get("mpi_algorithm") or "default") == algorithm
+                          and f"{NAMES.get(s['name'], s['name'])} x{s['world_size']}" == column), None)
+                row.append(allreduce_cell(_row_at(s, size)) if s else tables.MISSING)
+            rows.append(row)
+        return f"At {tables.size(size)}:\n\n" + tables.markdown(["algorithm"] + columns, rows) + _failures(ar)
+
+    return framed(results, [name], body)
+
+
+def _failed_case(failure: Dict) -> str:
+    named = [failure.get(k) for k in ("backend", "label", "controller", "launcher", "model", "mode")]
+    return " ".join(str(n) for n in named if n)
+
+
+def _failures(result: Dict) -> str:
+    lines = [f"- **FAILED** {_failed_case(f)} "
+             f"x{f.get('world_size', '')}: {f['error'].splitlines()[0] if f.get('error') else ''}"
+             for f in result.get("failures", [])]
+    return ("\n\n" + "\n".join(lines)) if lines else ""
+
+
+# ---- throughput ----
+
+def setting(case: Dict) -> str:
+    """What a throughput case set: "no knob set", "HOROVOD_CYCLE_TIME unset (auto)", "HOROVOD_CYCLE_TIME=5"."""
+    if case.get("knob") is None:
+        return "no knob set"
+    if case["value"] == "auto":
+        return f"{case['knob']} unset (auto)"
+    return f"{case['knob']}={case['value']}"
+
+
+def _ordered(keys) -> List[str]:
+    def order(key: str):
+        label, world = stats.split_key(key)
+        return world, RUN_ORDER.index(label) if label in RUN_ORDER else len(RUN_ORDER), label
+    return sorted(keys, key=order)
+
+
+def _settings_line(result: Dict) -> str:
+    st = result["settings"]
+    extra = f", every run with `{' '.join(st['extra_train_args'])}`" if st.get("extra_train_args") else ""
+    return (f"{st['dataset'].capitalize()} data, per-rank batch {st['batch_size']}, {st['steps']} steps per run "
+            f"(the first not timed), median (min–max) of {st['repeats']} repeat(s){extra}.")
+
+
+def throughput_table(results: Results, name: str) -> str:
+    """Every cell of a throughput result: samples/s, scaling, exchange overhead, both loop ratios, time split."""
+
+    def body() -> str:
+        tp = results.get(name)
+        rows = []
+        for case in tp["cases"]:
+            first = True
+            seed, batched = loop_ratios(case)
+            for key in _ordered(case["throughput"]):
+                label, world = stats.split_key(key)
+                n = str(world)
+                split = case["time_split"].get(key) or {}
+                is_ddp = label == "ddp"
+                rows.append([f"{case['name']} {case['image_size']}x{case['image_size']}" if first else "",
+                             NAMES.get(label, label), world, spread_cell(case["throughput"][key]),
+                             tables.number(case["scaling_efficiency"].get(label, {}).get(n), ".2f"),
+                             tables.percent(case["exchange_overhead"].get(label, {}).get(n)),
+                             tables.number(seed.get(n) if is_ddp else None, ".2f"),
+                             tables.number(batched.get(n) if is_ddp else None, ".2f"),
+                             rounded(split.get("comm_ms"), 2) if split else tables.MISSING,
+                             rounded(split.get("step_ms"), 3) if split else tables.MISSING,
+                             tables.number(case["throughput"][key].get("job_cpu_s"), ".0f")])
+                first = False
+        table = tables.markdown(["model", "run", "world size", "samples/s", "scaling eff.", "exchange overhead",
+                                 "loop / bare (seed)", "loop / bare (batched)", "comm ms/step", "step ms",
+                                 "job CPU s"], rows)
+        note = "" if any(loop_ratios(c)[1] for c in tp["cases"]) else (
+            "\n\nThe batched bare loop is not in this result (it was measured before the benchmark ran it); "
+            "the next run of `benchmarks/run_all.sh` adds it.")
+        return _settings_line(tp) + "\n\n" + table + note + _failures(tp)
+
+    return framed(results, [name], body)
+
+
+def _knob_of(result: Dict) -> Optional[str]:
+    return next((c["knob"] for c in result["cases"] if c.get("knob")), None)
+
+
+def _knob_used(case: Dict, knob: Optional[str]) -> str:
+    """The value of `knob` the runs of `case` used, and who chose it, from their backend_options."""
+    fields = KNOB_RECORDS.get(knob or "")
+    if not fields:
+        return tables.MISSING
+    value_field, source_field, unit = fields
+    options = next((r["backend_options"] for r in case["runs"]
+                    if (r.get("backend_options") or {}).get(value_field) is not None), None)
+    if options is None:
+        return tables.MISSING
+    value = options[value_field]
+    shown = f"{value:g}{unit}" if isinstance(value, float) else f"{value}{unit}"
+    return f"{shown} ({options[source_field]})" if options.get(source_field) else shown
+
+
+COLUMNS = ("samples", "scaling", "comm", "cpu")
+
+
+def sweep_table(results: Results, name: str, columns: str = "samples,scaling,comm,cpu") -> str:
+    """One row per case (model x setting) of a throughput sweep: the knob's value the runs used, then per
+    backend the chosen columns: samples/s at each world size, scaling efficiency, exposed comm ms/step
+    and job CPU s at the largest world size."""
+    chosen = columns.split(",")
+    unknown = [c for c in chosen if c not in COLUMNS]
+    if unknown:
+        raise ValueError(f"sweep_table: unknown column {', '.join(unknown)}; choose from {', '.join(COLUMNS)}")
+
+    def body() -> str:
+        result = results.get(name)
+        knob = _knob_of(result)
+        worlds = sorted(result["settings"]["world_sizes"])
+        top = worlds[-1]
+        many_models = len({c["model"] for c in result["cases"]}) > 1
+        headers = (["model"] if many_models else []) + ["setting", f"{knob or 'knob'} used"]
+        for label in result["settings"]["backends"]:
+            shown = NAMES.get(label, label)
+            if "samples" in chosen:
+                headers += [f"{shown} x{n} samples/s" for n in worlds]
+            if "scaling" in chosen and 1 in worlds and top > 1:
+                headers.append(f"{shown} scaling x{top}")
+            if "comm" in chosen:
+                headers.append(f"{shown} comm ms/step x{top}")
+            if "cpu" in chosen:
+                headers.append(f"{shown} job CPU s x{top}")
+        rows = []
+        for case in result["cases"]:
+            row = ([case["model"]] if many_models else []) + [setting(case), _knob_used(case, knob)]
+            for label in result["settings"]["backends"]:
+                if "samples" in chosen:
+                    row += [spread_cell(case["throughput"].get(f"{label}@{n}")) for n in worlds]
+                if "scaling" in chosen and 1 in worlds and top > 1:
+                    row.append(tables.number(case["scaling_efficiency"].get(label, {}).get(str(top)), ".2f"))
+                if "comm" in chosen:
+                    row.append(rounded((case["time_split"].get(f"{label}@{top}") or {}).get("comm_ms"), 2))
+                if "cpu" in chosen:
+                    row.append(tables.number((case["throughput"].get(f"{label}@{top}") or {}).get("job_cpu_s"), ".0f"))
+            rows.append(row)
+        return _settings_line(result) + "\n\n" + tables.markdown(headers, rows) + _failures(result)
+
+    return framed(results, [name], body)
+
+
+def data_wait_table(results: Results, *names: str) -> str:
+    """Step time and the share of it spent waiting for data, per dataset, run and world size."""
+
+    def body() -> str:
+        rows = []
+        for name in names:
+            result = results.get(name)
+            for case in result["cases"]:
+                first = True
+                for key in _ordered(case["time_split"]):
+                    label, world = stats.split_key(key)
+                    split = case["time_split"][key]
+                    data = f"{result['settings']['dataset']} {case['image_size']}x{case['image_size']}"
+                    rows.append([data if first else "", NAMES.get(label, label), world,
+                                 rounded(split.get("step_ms"), 2), tables.percent(split.get("data_frac"))])
+                    first = False
+        settings = " ".join(_settings_line(results.get(n)) for n in names)
+        return settings + "\n\n" + tables.markdown(["data", "run", "world size", "step ms", "data %"], rows)
+
+    return framed(results, list(names), body)
+
+
+# ---- loop overhead, comm hook, Horovod's cycle ----
+
+def loop_overhead_table(results: Results, name: str) -> str:
+    """µs per step of each piece of bookkeeping, and its share of each model's step."""
+
+    def body() -> str:
+        result = results.get(name)
+        models = result["rows"]
+        pieces = list(dict.fromkeys(p for m in models for p in m["costs_s"]))
+        headers = ["piece", "µs per step"] + [
+            f"share of a {m['model']} {m['image_size']}x{m['image_size']} step ({ms(m['step_s'])})" for m in models]
+        rows = []
+        for piece in pieces:
+            cost = models[0]["costs_s"].get(piece)
+            rows.append([piece, rounded(cost * 1e6, 2) if cost is not None else tables.MISSING] + [
+                tables.percent(m["costs_s"][piece] / m["step_s"], ".3f") if piece in m["costs_s"] else tables.MISSING
+                for m in models])
+        rows.append(["**total**", f"**{rounded(models[0]['total_s'] * 1e6, 3)}**"] +
+                    [f"**{tables.percent(m['share_of_step'], '.3f')}**" for m in models])
+        m = models[0]
+        return (f"One thread, per-rank batch {m['batch_size']}; µs per step of the first model's pieces (the others' "
+                "differ only by noise).\n\n" + tables.markdown(headers, rows))
+
+    return framed(results, [name], body)
+
+
+def ddp_comm_hook_table(results: Results, name: str) -> str:
+    """Built-in allreduce against the timing comm hook, ms per step, one row per job."""
+
+    def body() -> str:
+        result = results.get(name)
+        st = result["settings"]
+        rows = [[r["run"], f"{r['builtin_ms']:.2f}", f"{r['python_hook_ms']:.2f}", f"{100 * r['hook_cost']:+.1f}%"]
+                for r in result["rows"]]
+        return (f"{st['model']} {st['image_size']}x{st['image_size']}, per-rank batch {st['batch_size']}, world size "
+                f"{st['world_size']}, one thread per rank; median ms per step of the slowest rank:\n\n"
+                + tables.markdown(["job", "built-in allreduce ms", "Python comm hook ms", "hook − built-in"], rows)
+                + _failures(result))
+
+    return framed(results, [name], body)
+
+
+def horovod_cycle_table(results: Results, name: str) -> str:
+    """Idle CPU of an initialised Horovod rank and the compute slowdown beside it, per controller and cycle."""
+
+    def body() -> str:
+        result = results.get(name)
+        rows = []
+        for r in result["rows"]:
+            per_rank = " / ".join(f"{100 * x:.0f}" for x in r["idle_cpu_per_s"])
+            yielding = {"1": "yields", "0": "busy-polls"}.get(r.get("mpi_yield_when_idle"), tables.MISSING)
+            rows.append([r["controller"], f"{r['cycle_time_ms']:g} ms", f"{100 * r['idle_cpu_mean']:.0f} ({per_rank})",
+                         f"{100 * r['compute_slowdown']:+.0f}%", yielding if r["controller"] == "mpi" else ""])
+        return tables.markdown(["controller", "HOROVOD_CYCLE_TIME", "idle CPU per rank, % of a core: mean (each rank)",
+                                "compute slowdown", "Open MPI when idle"], rows)
+
+    return framed(results, [name], body)
+
+
+def stop_latency_table(results: Results, name: str) -> str:
+    """Seconds from a Ctrl-C to the last rank's and the launcher's exit, per launcher, against the bound."""
+
+    def body() -> str:
+        result = results.get(name)
+        st = result["settings"]
+        rows = [[r["launcher"], f"{r['step_s']:.1f}", tables.number(r["ranks_exit_s"], ".1f"),
+                 f"{r['launcher_exit_s']:.1f}", f"{r['bound_s']:.1f}", _met(r["within_bound"]),
+                 f"step {r['stopped_step']}" if r["checkpoint_written"] else "**none**", str(r["exit_code"])]
+                for r in result["rows"]]
+        return (f"{st['np']} ranks, `{' '.join(st['train_args'])}`; SIGINT to the launcher's process group after "
+                f"{st['steps_before']} steps; bound {st['bound']}:\n\n"
+                + tables.markdown(["launcher", "longest step s", "last rank gone s", "launcher gone s", "bound s",
+                                   "within", "final checkpoint", "exit code"], rows)
+                + _failures(result))
+
+    return framed(results, [name], body)
+
+
+def exact_cost_tables(results: Results, name: str) -> str:
+    """--reduction exact against allreduce: speed and bytes per step, fixed-point error, distance after a run."""
+
+    def body() -> str:
+        result = results.get(name)
+        st = result["settings"]
+        speed = {(r["model"], r["world_size"], r["mode"]): r for r in result["speed"]}
+        rows = []
+        for model, np in sorted({(m, n) for m, n, _ in speed}):
+            a, e = speed.get((model, np, "allreduce")), speed.get((model, np, "exact"))
+            ratio = (e["samples_per_s"]["median"] / a["samples_per_s"]["median"]) if a and e else None
+            rows.append([f"{model} {st['image_sizes'][model]}x{st['image_sizes'][model]}", np,
+                         spread_cell(a["samples_per_s"]) if a else tables.MISSING,
+                         spread_cell(e["samples_per_s"]) if e else tables.MISSING,
+                         tables.percent(ratio, ".0f"),
+                         tables.size(a["bytes_per_step"]) if a else tables.MISSING,
+                         tables.size(e["bytes_per_step"]) if e else tables.MISSING])
+        text = (f"{st['launcher']}, global batch {st['global_batch']} in both modes, exact micro-batch "
+                f"{st['micro_batch']}, {st['steps']} steps, median (min–max) over {st['repeats']} repeats; each mode "
+                "with its default threads:\n\n"
+                + tables.markdown(["model", "np", "allreduce samples/s", "exact samples/s", "exact / allreduce",
+                                   "allreduce bytes/step", "exact bytes/step"], rows))
+        errors = [[e["model"], e["micro_batches"], f"{e['fixed_point']:.1e}", f"{e['float32_sum']:.1e}"]
+                  for e in result["fixed_point_error"]]
+        text += ("\n\nLargest error of the mean gradient over the micro-batches, relative to each tensor's largest "
+                 "gradient, against float64:\n\n"
+                 + tables.markdown(["model", "micro-batches", "fixed point (exact mode)", "float32, summed in order"],
+                                   errors))
+        far = result.get("distance")
+        if far:
+            scores = ", ".join(f"{mode} {top1:.4f}" for mode, top1 in far["val_top1"].items())
+            text += (f"\n\nAfter the default training ({far['settings']}) at {far['world_size']} ranks, the two modes' "
+                     f"weights differ by at most {far['max_abs_weight_diff']:.2e} (largest weight "
+                     f"{far['largest_weight']:.2f}); val top-1: {scores}.")
+        return text + _failures(result)
+
+    return framed(results, [name], body)
+
+
+#: placeholder name -> block
+BLOCKS: Dict[str, Callable[..., str]] = {
+    "machines": machines,
+    "targets": targets,
+    "target": lambda results, name: target(name),
+    "allreduce_limit": allreduce_limit,
+    "allreduce_table": allreduce_table,
+    "allreduce_algorithms": allreduce_algorithms,
+    "throughput_table": throughput_table,
+    "sweep_table": sweep_table,
+    "data_wait_table": data_wait_table,
+    "loop_overhead_table": loop_overhead_table,
+    "ddp_comm_hook_table": ddp_comm_hook_table,
+    "horovod_cycle_table": horovod_cycle_table,
+    "stop_latency_table": stop_latency_table,
+    "exact_cost_tables": exact_cost_tables,
+}

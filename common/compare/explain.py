@@ -1,0 +1,102 @@
+"""Why two runs' weights differ, from what was measured, and whether world sizes agree (exact mode).
+
+For a pair of backends whose weights are not bitwise equal, the comparison has measured (when the
+matrix ran them): each backend against its own repeat (is the gap larger than a backend's run-to-run
+spread?), Horovod with the division by the world size moved before the sum as DDP does it (--predivide:
+how much of the gap is the order of division), and Horovod without tensor fusion, twice
+(--deterministic: is Horovod reproducible then?). The explanation states those numbers, and only them.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from .analysis import parity
+from .rundirs import Run
+
+
+def is_variant(run: Run) -> bool:
+    """A run of an explaining variant (horovod-gloo+predivide, ...), not a backend of its own."""
+    return "+" in run.label
+
+
+def _find(runs: List[Run], label: str, world_size: int, repeat: int) -> Optional[Run]:
+    return next((r for r in runs if r.label == label and r.world_size == world_size and r.repeat == repeat), None)
+
+
+def _gap(a: Optional[Run], b: Optional[Run]) -> Optional[Dict]:
+    return parity(a, b, tolerance=0.0) if a is not None and b is not None else None
+
+
+def _spread_text(label: str, gap: Dict) -> str:
+    if gap["bitwise_identical"]:
+        return f"{label} repeats are bitwise identical"
+    return f"{label} repeats differ by {gap['max_abs_weight_diff']:.1e}"
+
+
+def explain_pair(pair: Dict, runs: List[Run]) -> Optional[Dict]:
+    """The measured facts about a backend pair whose weights differ: a sentence and the numbers."""
+    if pair["bitwise_identical"] or pair["world_size"] is None:
+        return None
+    world = pair["world_size"]
+    by_name = {r.name: r for r in runs}
+    a, b = by_name[pair["a"]], by_name[pair["b"]]
+    facts: Dict = {"gap": pair["max_abs_weight_diff"]}
+    sentences: List[str] = []
+    for run in (a, b):
+        gap = _gap(run, _find(runs, run.label, world, 1))
+        if gap is not None:
+            facts[f"{run.label} repeat"] = gap["max_abs_weight_diff"]
+            sentences.append(_spread_text(run.label, gap))
+    spreads = [facts[k] for k in facts if k.endswith(" repeat")]
+    if spreads:
+        larger = pair["max_abs_weight_diff"] > max(spreads)
+        sentences.append(f"the gap between the backends ({pair['max_abs_weight_diff']:.1e}) is "
+                         f"{'larger' if larger else 'not larger'} than their run-to-run spread")
+    ddp = next((r for r in (a, b) if r.label == "ddp"), None)
+    predivide = _find(runs, "horovod-gloo+predivide", world, 0)
+    if ddp is not None and predivide is not None and "horovod" in (a.label + b.label):
+        gap = _gap(ddp, predivide)
+        facts["ddp vs horovod-gloo+predivide"] = gap["max_abs_weight_diff"]
+        sentences.append("with Horovod dividing before the sum as DDP does (horovod-gloo+predivide) the gap is "
+                         + ("gone (bitwise identical)" if gap["bitwise_identical"]
+                            else f"{gap['max_abs_weight_diff']:.1e}"))
+    deterministic = _gap(_find(runs, "horovod-gloo+deterministic", world, 0),
+                         _find(runs, "horovod-gloo+deterministic", world, 1))
+    if deterministic is not None and "horovod" in (a.label + b.label):
+        facts["horovod-gloo+deterministic repeat"] = deterministic["max_abs_weight_diff"]
+        sentences.append("without tensor fusion (horovod-gloo+deterministic) "
+                         + _spread_text("Horovod's", deterministic))
+    if len(sentences) == 0:
+        return None
+    return {"a": pair["a"], "b": pair["b"], "world_size": world, "facts": facts,
+            "text": "; ".join(sentences) + "."}
+
+
+def explanations(pairs: List[Dict], runs: List[Run]) -> List[Dict]:
+    """explain_pair for every backend pair whose weights differ."""
+    found = [explain_pair(p, runs) for p in pairs if p["kind"] == "backends"]
+    return [e for e in found if e is not None]
+
+
+def world_size_verdicts(runs: List[Run]) -> List[Dict]:
+    """--reduction exact: whether every world size (and backend) ended with the same weights, or the first
+    world size that differs from the smallest."""
+    exact = [r for r in runs if r.repeat == 0 and not is_variant(r) and r.settings.get("reduction") == "exact"]
+    sizes = sorted({r.world_size for r in exact})
+    if len(sizes) < 2:
+        return []
+    reference = min(exact, key=lambda r: (r.world_size, r.name))
+    differing = sorted((r for r in exact if r.summary.get("weights_sha256") != reference.summary.get("weights_sha256")),
+                       key=lambda r: (r.world_size, r.name))
+    shown = ", ".join(str(s) for s in sizes)
+    labels = ", ".join(sorted({r.label for r in exact}))
+    if not differing:
+        verdict = f"world sizes {shown}: bitwise identical ({labels})"
+    else:
+        first = differing[0]
+        gap = parity(reference, first, tolerance=0.0)
+        verdict = (f"world sizes {shown}: {first.name} is the first that differs from {reference.name} "
+                   f"(max |Δw| {gap['max_abs_weight_diff']:.1e})")
+    return [{"world_sizes": sizes, "labels": sorted({r.label for r in exact}), "identical": not differing,
+             "verdict": verdict}]
