@@ -262,24 +262,21 @@ class Cluster:
                      env: Optional[Dict[str, str]] = None) -> Dict[str, object]:
         """Start one command on each named host at once (torchrun's one agent per node), wait for all;
         if any runs past `timeout`, every one is killed. Returns host -> launch.Result."""
+        from common.launch import Job, JobTimeout
         from launch import REPO, Result, job_env
 
-        started = time.monotonic()
-        procs = {host: subprocess.Popen(on_host(host, cmd), cwd=REPO, env=job_env(env), stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
-                 for host, cmd in commands.items()}
+        jobs = {host: Job(on_host(host, cmd), env=job_env(env), cwd=REPO) for host, cmd in commands.items()}
         results = {}
         try:
-            for host, proc in procs.items():
-                left = max(1.0, timeout - (time.monotonic() - started))
-                out, _ = proc.communicate(timeout=left)
-                results[host] = Result(proc.returncode, out, time.monotonic() - started, proc.args)
-        except subprocess.TimeoutExpired:
-            outputs = []
-            for host, proc in procs.items():
-                os.killpg(proc.pid, signal.SIGKILL)
-                outputs.append(f"--- {host}:\n{proc.communicate()[0][-3000:]}")
-            raise AssertionError(f"not finished in {timeout}s:\n" + "\n".join(outputs))
+            for host, job in jobs.items():
+                code = job.wait(timeout=max(1.0, timeout - job.seconds))
+                results[host] = Result(job.cmd, code, job.output, job.seconds)
+        except JobTimeout:
+            outputs = [f"--- {host}:\n{job.output[-3000:]}" for host, job in jobs.items()]
+            raise AssertionError(f"not finished in {timeout}s:\n" + "\n".join(outputs)) from None
+        finally:
+            for job in jobs.values():
+                job.stop()
         return results
 
 

@@ -1,86 +1,96 @@
-"""Start training runs through the real launchers and read what they wrote."""
+"""Start training runs through the real launchers (common.launch) and read what they wrote."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from common.compare.launchers import LaunchSpec
+from common import launch as launch_layer
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 BIN = Path(PY).parent
 
+#: the launchers the tests start single-host training with (as registered by the backends)
 LAUNCHERS = ("none-ddp", "none-hvd", "torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
 
 
 def command(launcher: str, np: int, args: List[str]) -> List[str]:
     """The command line a user would type for this launcher."""
-    if launcher == "none-ddp":
-        return [PY, "-m", "ddp_train", *args]
-    if launcher == "none-hvd":
-        return [PY, "-m", "hvd_train", *args]
-    spec = {"torchrun": LaunchSpec("ddp", np), "horovodrun-gloo": LaunchSpec("horovod", np, "gloo"),
-            "horovodrun-mpi": LaunchSpec("horovod", np, "mpi"), "mpirun": LaunchSpec("horovod", np, "mpirun")}
-    return spec[launcher].command(args, python=PY)
+    return launch_layer.get(launcher).command(np, args, python=PY)
+
+
+def command_on_hosts(launcher: str, np: int, hosts: str, args: List[str], port: Optional[int] = None) -> List[str]:
+    """The command a user types to start `np` processes on `hosts` ("node0:2,node1:2"); torchrun's is
+    started on every host, with its rendezvous on the first at `port`."""
+    return launch_layer.get(launcher).command(np, args, python=PY, hosts=hosts, port=port)
 
 
 def backend_of(launcher: str) -> str:
     """Which backend a launcher runs."""
-    return "ddp" if launcher in ("none-ddp", "torchrun") else "horovod"
+    return launch_layer.get(launcher).backend
 
 
-@dataclass
-class Result:
+class Result(launch_layer.Result):
     """What a launched job returned and printed."""
 
-    returncode: int
-    output: str
-    seconds: float
-    cmd: List[str]
-
     def check(self) -> "Result":
-        assert self.returncode == 0, f"{' '.join(self.cmd)} exited {self.returncode}:\n{self.output[-4000:]}"
+        assert self.returncode == 0 and not self.timed_out, \
+            f"{' '.join(self.cmd)} exited {self.returncode}:\n{self.output[-4000:]}"
         return self
 
 
 def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """The environment a run gets: the venv first on PATH, unbuffered output."""
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONUNBUFFERED"] = "1"
-    env.pop("OMP_NUM_THREADS", None)
-    env.update(extra or {})
-    return env
+    return launch_layer.job_env(extra, python=PY)
 
 
 def run_cmd(cmd: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None) -> Result:
-    """Run a command in its own process group; on timeout the whole group is killed."""
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"{' '.join(cmd)} did not finish in {timeout}s:\n{out[-4000:]}")
-    return Result(proc.returncode, out, time.monotonic() - started, cmd)
+    """Run a command as a job of its own from the repository; a run past `timeout` is stopped and fails."""
+    result = launch_layer.run(cmd, timeout=timeout, env=job_env(env), cwd=REPO)
+    assert not result.timed_out, f"{' '.join(result.cmd)} did not finish in {timeout}s:\n{result.output[-4000:]}"
+    return Result(**vars(result))
 
 
 def launch(launcher: str, np: int, args: List[str], timeout: float = 240,
            env: Optional[Dict[str, str]] = None) -> Result:
     """Launch one training job the way a user would."""
     return run_cmd(command(launcher, np, args), timeout=timeout, env=env)
+
+
+@dataclass
+class Launched:
+    """A training run launched by Runs: what it wrote, what it printed, where."""
+
+    run: Dict
+    result: Result
+    dir: Path
+
+
+class Runs:
+    """Training runs launched once per test session and shared by every test that asks for the same
+    (launcher, processes, arguments, launcher options): each assertion reads the run it needs without
+    paying for a launch of its own."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cache: Dict[Tuple, Launched] = {}
+
+    def __call__(self, launcher: str, np: int, args: Sequence[str], launcher_args: Sequence[str] = (),
+                 timeout: float = 240) -> Launched:
+        key = (launcher, np, tuple(args), tuple(launcher_args))
+        if key not in self.cache:
+            run_dir = self.root / f"run{len(self.cache):03d}-{launcher}-{np}"
+            cmd = command(launcher, np, [*args, "--run-dir", str(run_dir)])
+            cmd = cmd[:1] + list(launcher_args) + cmd[1:]
+            result = run_cmd(cmd, timeout=timeout).check()
+            self.cache[key] = Launched(read_run(run_dir), result, run_dir)
+        return self.cache[key]
 
 
 def read_run(run_dir: Path) -> Dict:
@@ -93,6 +103,15 @@ def read_run(run_dir: Path) -> Dict:
         "events": events,
         "model": torch.load(run_dir / "model.pt", weights_only=True),
     }
+
+
+def tensorboard_scalars(run_dir: Path) -> Dict[str, List[Tuple[int, float]]]:
+    """Every scalar series of RUN_DIR/tensorboard: tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(Path(run_dir) / "tensorboard"))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def step_losses(run: Dict) -> List[float]:

@@ -1,67 +1,47 @@
-"""Jobs started in the background, and the processes they leave: for fault and elastic tests."""
+"""Jobs started in the background (common.launch.Job), and the processes they leave: for fault and
+elastic tests."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import threading
 import time
 
 import psutil
 
+from common.launch import Job as LaunchedJob, still_running
+from common.rundir import events_so_far
 from launch import REPO, job_env
 
 
-class Job:
-    """A launched job whose output is collected in the background."""
+class Job(LaunchedJob):
+    """A launched job whose output is collected in the background; waits that fail kill it and fail
+    the test with its output."""
 
-    def __init__(self, cmd):
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        self.lines = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+    def __init__(self, cmd, env=None):
+        super().__init__(cmd, env=job_env(env), cwd=REPO)
 
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, pattern: str, timeout: float = 120) -> None:
+    def wait_for(self, pattern: str, timeout: float = 120):
         """Until the output matches `pattern`; the job is killed and the test fails if it never does."""
-        self.wait_until(lambda: re.search(pattern, self.output), f"never printed {pattern!r}", timeout)
+        found = super().wait_for(pattern, timeout)
+        if not found:
+            self.kill()
+            raise AssertionError(f"never printed {pattern!r}:\n{self.output[-3000:]}")
+        return found
 
-    def wait_until(self, condition, failure: str, timeout: float = 120) -> None:
+    def wait_until(self, condition, failure: str = "condition never held", timeout: float = 120) -> bool:
         """Until `condition()` holds while the job runs; else the job is killed and the test fails."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if condition():
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.kill()
-        raise AssertionError(f"{failure}:\n{self.output[-3000:]}")
+        if not super().wait_until(condition, timeout):
+            self.kill()
+            raise AssertionError(f"{failure}:\n{self.output[-3000:]}")
+        return True
 
     def wait(self, timeout: float) -> int:
         try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"job still running after {timeout}s:\n{self.output[-3000:]}")
-        self._reader.join(timeout=10)
-        return code
+            return super().wait(timeout)
+        except Exception as exc:  # JobTimeout: stopped already
+            raise AssertionError(f"job still running after {timeout}s:\n{self.output[-3000:]}") from exc
 
     def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self.stop(grace_s=0)
 
 
 def job_processes(marker: str):
@@ -102,3 +82,35 @@ def worker(marker: str, rank: int) -> psutil.Process:
         if "-m" in head and cmd[cmd.index("-m") + 1] in ("ddp_train", "hvd_train") and rank_of(proc) == rank:
             return proc
     raise AssertionError(f"no worker of rank {rank} found")
+
+
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def listening(job: Job):
+    """{process: [address it listens on]} for the launcher and every process it started."""
+    found = {}
+    for proc in job.family():
+        try:
+            addresses = [c.laddr.ip for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        except psutil.Error:
+            continue
+        if addresses:
+            found[proc] = addresses
+    return found
+
+
+def steps_logged(run_dir) -> list:
+    """The step events rank 0 has written to metrics.jsonl so far."""
+    return [e for e in events_so_far(run_dir) if e.get("event") == "step"]
+
+
+def wait_ended(procs, timeout: float) -> list:
+    """Wait until every process has exited (gone, or a zombie its launcher has not reaped yet); the
+    ones still running after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = still_running(procs)
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)

@@ -1,4 +1,5 @@
-"""Smoke runs of the benchmark scripts at their tiniest sizes, through the real launchers.
+"""The benchmark scripts: every step of benchmarks/run_all.sh run once at its tiniest (QUICK=1), through
+the real launchers, and the arithmetic behind their tables.
 
 They assert on the structure of the JSON the scripts wrote and that every number is a positive
 measurement, never on speed (speed is what the scripts report, on a quiet machine)."""
@@ -7,20 +8,23 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
+import os
+import re
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from launch import BIN, PY, run_cmd
+from launch import PY, REPO, run_cmd
 
-AR_SIZES = [4, 16, 64, 256, 1024, 4096]
-TINY_TRAIN = ["--models", "convnet", "--image-size", "8", "--batch-size", "4", "--steps", "3", "--repeats", "1"]
-
-
-def bench(script, *args, timeout=600):
-    return run_cmd([PY, "-m", f"benchmarks.{script}", *map(str, args)], timeout=timeout)
+RESULTS = REPO / "benchmarks" / "results"
+RUN_ALL = REPO / "benchmarks" / "run_all.sh"
+#: benchmark module -> the file it writes into its --out folder
+WRITES = {"allreduce": "allreduce.json", "throughput": "throughput.json", "loop_overhead": "loop_overhead.json",
+          "horovod_cycle": "horovod_cycle.json", "ddp_comm_hook": "ddp_comm_hook.json",
+          "stop_latency": "stop_latency.json", "exact_cost": "exact_cost.json"}
+#: set in the QUICK run's environment: an `auto` sweep value must take it away from the job
+EXPORTED_CYCLE_TIME = "3"
 
 
 def positive(x) -> bool:
@@ -37,236 +41,342 @@ def assert_real_image(path):
 def assert_machine(data):
     m = data["machine"]
     assert m["cpu_model"] and m["cores"] >= 1 and m["versions"]["torch"] and m["versions"]["horovod"]
+    assert "Open MPI" in m["versions"]["mpi"]
     assert set(data["load_before"]) == {"1m", "5m", "15m"} and isinstance(data["under_load"], bool)
-    assert data["command"].startswith("python -m benchmarks.")
+    assert data["command"].startswith("python -m benchmarks.") and positive(data["started"])
+
+
+def run_all_writes(mode: str) -> set:
+    """The result files (relative to OUT) that the steps of one mode of run_all.sh write."""
+    text = RUN_ALL.read_text().replace("\\\n", " ")
+    quick, full = text.split('if [[ "${QUICK:-0}" == 1 ]]; then', 1)[1].split("\nelse\n", 1)
+    block = quick if mode == "quick" else full.split("\nfi\n", 1)[0]
+    files = set()
+    for line in block.splitlines():
+        step = re.search(r'-m benchmarks\.(\w+)\b.*--out "\$OUT(/[^"]*)?"', line)
+        if step:
+            files.add(f"{(step[2] or '').strip('/')}/{WRITES[step[1]]}".lstrip("/"))
+    return files
 
 
 @pytest.fixture(scope="module")
-def allreduce_out(tmp_path_factory):
-    out = tmp_path_factory.mktemp("allreduce")
-    result = bench("allreduce", "--np", "2", "--min-bytes", "4", "--max-bytes", "4K", "--iters", "2",
-                   "--warmup", "1", "--copy-bytes", "1M", "--out", out)
+def quick(tmp_path_factory):
+    """One QUICK run of run_all.sh into a temporary folder: (OUT, its printed output)."""
+    out = tmp_path_factory.mktemp("bench")
+    result = run_cmd(["bash", str(RUN_ALL)], timeout=900,
+                     env={"QUICK": "1", "OUT": str(out), "WORK": str(out / "work"), "REPORT": "0", "PYTHON": PY,
+                          "HOROVOD_CYCLE_TIME": EXPORTED_CYCLE_TIME})
     assert result.returncode == 0, result.output[-4000:]
     return out, result.output
 
 
-@pytest.fixture(scope="module")
-def throughput_out(tmp_path_factory):
-    out = tmp_path_factory.mktemp("throughput")
-    result = bench("throughput", "--np", "1,2", "--backends", "ddp,horovod-gloo", *TINY_TRAIN,
-                   "--out", out, "--work", out / "runs")
-    assert result.returncode == 0, result.output[-4000:]
-    return out, result.output
+def read(out: Path, name: str) -> dict:
+    return json.loads((out / name).read_text())
 
 
-def test_allreduce_measures_every_backend_at_every_size(allreduce_out):
-    out, output = allreduce_out
-    data = json.loads((out / "allreduce.json").read_text())
-    assert data["benchmark"] == "allreduce" and data["failures"] == []
-    assert_machine(data)
+# ---- run_all.sh and the committed results ----
+
+def test_every_committed_result_is_written_by_a_step_of_run_all():
+    committed = {str(p.relative_to(RESULTS)) for p in RESULTS.rglob("*.json")}
+    full = run_all_writes("full")
+    assert committed <= full, f"no step of run_all.sh writes {sorted(committed - full)}"
+    assert run_all_writes("quick") == full, "QUICK=1 and the full run must write the same files"
+    # No figure is left behind without the result it belongs to.
+    for png in RESULTS.rglob("*.png"):
+        assert any(png.parent == (RESULTS / name).parent for name in committed), f"{png} has no result beside it"
+    # Each committed result records the command that wrote it.
+    for name in committed:
+        assert read(RESULTS, name)["command"].split()[:3] == ["python", "-m", f"benchmarks.{Path(name).stem}"]
+
+
+def test_quick_run_writes_every_result(quick):
+    out, _ = quick
+    written = {str(p.relative_to(out)) for p in out.rglob("*.json") if "work" not in p.relative_to(out).parts}
+    assert written == run_all_writes("quick")
+    for name in written:
+        data = read(out, name)
+        assert data["benchmark"] == Path(name).stem and data.get("failures", []) == []
+        assert_machine(data)
+        if "plot" in data:
+            assert_real_image((out / name).parent / data["plot"])
+
+
+# ---- allreduce ----
+
+def test_allreduce_measures_against_the_copy_limit_and_the_copy_add_floor(quick):
+    out, output = quick
+    data = read(out, "allreduce.json")
     assert positive(data["memcpy"]["cpu_1thread_GBps"]) and positive(data["memcpy"]["limit_GBps"])
-    # One series per backend, each launched through its real launcher.
-    assert sorted((s["name"], s["launcher"], s["world_size"]) for s in data["series"]) == [
-        ("horovod-gloo", "horovodrun-gloo", 2), ("horovod-mpi", "horovodrun-mpi", 2), ("mpi", "mpirun", 2),
-        ("torch-gloo", "torchrun", 2)]
-    # Horovod's ranks get Open MPI's waiting as hvd_train sets it; Open MPI alone keeps its default.
-    yield_setting = {s["name"]: s["mpi_yield_when_idle"] for s in data["series"]}
-    assert (yield_setting["horovod-mpi"], yield_setting["mpi"]) == ("1", None)
-    for s in data["series"]:
-        assert [r["bytes"] for r in s["results"]] == AR_SIZES
-        for r in s["results"]:
-            assert r["iterations"] == 2
-            assert all(positive(r[k]) for k in ("time_s", "algbw_GBps", "busbw_GBps", "busbw_of_limit"))
-            # nccl-tests' definitions, at world size 2: busbw = algbw x 2(n-1)/n = algbw.
-            assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9)
-            assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])
-            assert r["busbw_of_limit"] == pytest.approx(r["busbw_GBps"] / data["memcpy"]["limit_GBps"])
-    assert_real_image(out / data["plot"])
-    # The printed table has one row per size.
-    assert "torch-gloox2 busbw" in output and output.count("\n4K ") + output.count(" 4K ") >= 1
+    floor = data["floor"]
+    assert floor["threads"] == 1 and floor["bytes"] == 2**19
+    assert floor["busbw_GBps"] == pytest.approx(2 / (2 / floor["copy_GBps"] + 1 / floor["add_GBps"]))
+    assert floor["of_limit"] == pytest.approx(floor["busbw_GBps"] / data["memcpy"]["limit_GBps"])
+    (series,) = data["series"]
+    assert (series["name"], series["launcher"], series["world_size"]) == ("torch-gloo", "torchrun", 2)
+    assert [r["bytes"] for r in series["results"]] == [4, 16, 64, 256, 1024, 4096]
+    for r in series["results"]:
+        assert r["iterations"] == 2
+        assert all(positive(r[k]) for k in ("time_s", "algbw_GBps", "busbw_GBps", "busbw_of_limit", "floor_time_s"))
+        # nccl-tests' definitions, at world size 2: busbw = algbw x 2(n-1)/n = algbw.
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])
+        assert r["busbw_of_limit"] == pytest.approx(r["busbw_GBps"] / data["memcpy"]["limit_GBps"])
+        assert r["floor_time_s"] == pytest.approx(r["bytes"] / floor["busbw_GBps"] / 1e9)
+    assert "torch-gloox2 busbw" in output and "copy/add floor" in output
 
 
-def test_throughput_reports_scaling_overhead_and_loop_ratio(throughput_out):
-    out, output = throughput_out
-    data = json.loads((out / "throughput.json").read_text())
-    assert data["benchmark"] == "throughput" and data["failures"] == []
-    assert_machine(data)
+def test_allreduce_runs_open_mpi_alone_and_each_chosen_algorithm(quick):
+    out, _ = quick
+    (alone,) = read(out, "allreduce-64m/allreduce.json")["series"]
+    # Open MPI alone keeps its own waiting; Horovod's ranks get it as hvd_train sets it.
+    assert (alone["name"], alone["launcher"], alone["mpi_yield_when_idle"]) == ("mpi", "mpirun", None)
+    (chosen,) = read(out, "allreduce-mpi-algorithms/allreduce.json")["series"]
+    assert (chosen["name"], chosen["launcher"], chosen["mpi_yield_when_idle"]) == ("horovod-mpi", "horovodrun-mpi", "1")
+    # The algorithm reached the ranks through horovodrun and mpirun.
+    assert (chosen["mpi_algorithm"], chosen["mpi_algorithm_env"]) == ("ring", "4")
+    assert positive(chosen["results"][0]["time_s"])
+
+
+def test_allreduce_refuses_an_algorithm_for_a_backend_without_open_mpi(capsys, tmp_path):
+    from benchmarks import allreduce
+
+    assert allreduce.main(["--backends", "torch,mpi", "--mpi-algorithms", "ring", "--out", str(tmp_path)]) == 2
+    assert "torch do not use Open MPI" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        allreduce.main(["--mpi-algorithms", "fastest", "--out", str(tmp_path)])
+    assert "unknown fastest; choose from default" in capsys.readouterr().err
+    assert not (tmp_path / "allreduce.json").exists()
+
+
+# ---- throughput ----
+
+def test_throughput_reports_overhead_and_both_loop_ratios(quick):
+    out, output = quick
+    data = read(out, "throughput.json")
     (case,) = data["cases"]
     assert case["model"] == "convnet" and case["image_size"] == 8
-    expected = {"ddp@1", "ddp@2", "horovod-gloo@1", "horovod-gloo@2", "bare-ddp@1", "bare-ddp@2", "independent@2"}
-    assert set(case["throughput"]) == expected
-    for cell in case["throughput"].values():
+    cells = case["throughput"]
+    assert set(cells) == {"ddp@2", "bare-ddp@2", "bare-ddp-batched@2", "independent@2"}
+    for cell in cells.values():
         assert cell["n"] == 1 and all(positive(cell[k]) for k in ("median", "min", "max", "job_cpu_s"))
-    for label in ("ddp", "horovod-gloo", "bare-ddp"):
-        assert case["scaling_efficiency"][label]["1"] == pytest.approx(1.0)
-        assert positive(case["scaling_efficiency"][label]["2"])
-        assert case["exchange_overhead"][label]["2"] < 1
-    assert positive(case["loop_ratio"]["1"]) and positive(case["loop_ratio"]["2"])
-    for run in case["runs"]:
-        assert positive(run["samples_per_s"]) and run["command"]
-        if run["label"] in ("ddp", "horovod-gloo"):
-            assert run["steps"] == 3 and run["time_split"]["step_ms"] > 0
-    # Each cell went through its real launcher; the independent runs are N plain processes.
-    commands = {(r["label"], r["world_size"]): r["command"] for r in case["runs"]}
-    assert "torchrun" in commands[("ddp", 2)] and "-m ddp_train" in commands[("ddp", 2)]
-    assert "horovodrun" in commands[("horovod-gloo", 2)] and "--gloo" in commands[("horovod-gloo", 2)]
-    assert "torchrun" in commands[("bare-ddp", 2)] and "benchmarks.bare_ddp" in commands[("bare-ddp", 2)]
-    indep = next(r for r in case["runs"] if r["label"] == "independent")
-    assert len(indep["run_dirs"]) == 2
-    for run_dir in indep["run_dirs"]:
+    assert case["loop_ratio"]["2"] == pytest.approx(cells["bare-ddp@2"]["median"] / cells["ddp@2"]["median"])
+    assert case["loop_ratio_batched"]["2"] == pytest.approx(
+        cells["bare-ddp-batched@2"]["median"] / cells["ddp@2"]["median"])
+    for label in ("ddp", "bare-ddp", "bare-ddp-batched"):
+        assert case["exchange_overhead"][label]["2"] == pytest.approx(
+            1 - cells[f"{label}@2"]["median"] / cells["independent@2"]["median"])
+    runs = {r["label"]: r for r in case["runs"]}
+    assert "torchrun" in runs["ddp"]["command"] and "-m ddp_train" in runs["ddp"]["command"]
+    assert runs["ddp"]["steps"] == 3 and runs["ddp"]["time_split"]["step_ms"] > 0
+    # Both bare loops are benchmarks.bare_ddp under torchrun; they differ only in how they fetch data.
+    for label, data_path in (("bare-ddp", "seed"), ("bare-ddp-batched", "batched")):
+        assert "torchrun" in runs[label]["command"] and f"benchmarks.bare_ddp --data-path {data_path}" in \
+            runs[label]["command"]
+        summary = json.loads((Path(runs[label]["run_dirs"][0]) / "summary.json").read_text())
+        assert summary["data_path"] == data_path and summary["steps"] == 3
+    assert len(runs["independent"]["run_dirs"]) == 2
+    for run_dir in runs["independent"]["run_dirs"]:
         assert json.loads((Path(run_dir) / "summary.json").read_text())["world_size"] == 1
-    assert_real_image(out / data["plot"])
-    assert "loop/bare" in output and "samples/s" in output
+    assert "loop/seed" in output and "loop/batched" in output
 
 
-def test_throughput_sweep_sets_the_knob_in_every_run(tmp_path):
-    # An environment knob (Horovod's cycle time) and a training option passed after --.
-    result = bench("throughput", "--np", "2", "--backends", "horovod-gloo", "--baselines", "none", *TINY_TRAIN,
-                   "--sweep", "HOROVOD_CYCLE_TIME=2,7", "--out", tmp_path, "--work", tmp_path / "runs",
-                   "--", "--log-every", "2")
-    assert result.returncode == 0, result.output[-4000:]
-    data = json.loads((tmp_path / "throughput.json").read_text())
-    assert [(c["knob"], c["value"]) for c in data["cases"]] == [(None, None), ("HOROVOD_CYCLE_TIME", "2"),
-                                                                 ("HOROVOD_CYCLE_TIME", "7")]
-    assert data["settings"]["extra_train_args"] == ["--log-every", "2"]
+def test_sweep_auto_leaves_the_variable_to_the_program(quick):
+    out, _ = quick
+    data = read(out, "scaling-1thread/throughput.json")
+    # auto takes the place of the run with no knob set.
+    assert [(c["knob"], c["value"]) for c in data["cases"]] == [("HOROVOD_CYCLE_TIME", "auto"),
+                                                                ("HOROVOD_CYCLE_TIME", "5")]
+    assert data["cases"][0]["env"] == {"HOROVOD_CYCLE_TIME": None}
+    assert data["settings"]["extra_train_args"] == ["--threads", "1"]
+    chosen = []
     for case in data["cases"]:
         (run,) = case["runs"]
-        config = json.loads((Path(run["run_dirs"][0]) / "config.json").read_text())
-        assert config["config"]["log_every"] == 2
-    cycle = [c["runs"][0]["backend_options"]["cycle_time_ms"] for c in data["cases"][1:]]
-    assert cycle == [2.0, 7.0]
+        assert json.loads((Path(run["run_dirs"][0]) / "config.json").read_text())["config"]["threads"] == 1
+        options = run["backend_options"]
+        chosen.append((options["cycle_time_ms"], options["cycle_time_source"]))
+    # The exported value did not reach the auto run: hvd_train chose (convnet is small: Horovod's 1 ms).
+    assert float(EXPORTED_CYCLE_TIME) not in [ms for ms, _ in chosen]
+    assert chosen == [(1.0, "Horovod's default"), (5.0, "environment")]
 
 
-def test_throughput_refuses_an_unknown_knob_at_once(tmp_path):
-    result = bench("throughput", "--np", "2", "--sweep", "no-such-knob=1,2", "--out", tmp_path, timeout=60)
-    assert result.returncode == 2
-    assert "the training options have no --no-such-knob" in result.output
+def test_the_other_throughput_steps(quick):
+    out, output = quick
+    digits = read(out, "data-wait-digits/throughput.json")
+    assert digits["settings"]["dataset"] == "digits" and digits["cases"][0]["image_size"] == 8
+    split = digits["cases"][0]["time_split"]["ddp@1"]
+    assert 0 < split["data_frac"] < 1 and positive(split["data_ms"])
+    assert "(digits, image 8," in output and "data %" in output
+    yielding = read(out, "mpi-yield/throughput.json")["cases"][0]["runs"][0]["backend_options"]
+    assert (yielding["mpi_yield_when_idle"], yielding["mpi_yield_source"]) == ("1", "hvd_train: training on CPU")
+    for name in ("horovod_cycle_scaling", "horovod_cycle_scaling_32", "data-wait-synthetic"):
+        (case,) = read(out, f"{name}/throughput.json")["cases"]
+        assert all(positive(cell["median"]) for cell in case["throughput"].values())
+
+
+def test_summarise_computes_scaling_overhead_ratios_and_the_median_split():
+    """The comm/step/data columns describe the repeat whose samples/s is the median, not the first."""
+    from benchmarks.throughput import Case, summarise
+
+    def run(label, np, sps, repeat=1):
+        return {"label": label, "world_size": np, "repeat": repeat, "samples_per_s": sps, "job_cpu_s": 1.0,
+                "time_split": {"step_ms": sps / 10}}
+
+    runs = [run("ddp", 2, sps, i) for i, sps in enumerate([300.0, 100.0, 200.0])] + [
+        run("ddp", 1, 125.0), run("bare-ddp", 2, 220.0), run("bare-ddp", 1, 100.0),
+        run("bare-ddp-batched", 2, 210.0), run("independent", 2, 250.0)]
+    case = summarise(Case("convnet", 8), runs, ["ddp"])
+    assert case["throughput"]["ddp@2"]["median"] == 200.0 and case["time_split"]["ddp@2"] == {"step_ms": 20.0}
+    assert case["scaling_efficiency"]["ddp"] == {"1": 1.0, "2": 0.8}
+    assert case["scaling_efficiency"]["bare-ddp"] == {"1": 1.0, "2": 1.1}
+    assert case["exchange_overhead"]["ddp"] == {"2": pytest.approx(0.2)}
+    assert case["loop_ratio"] == {"1": 0.8, "2": 1.1} and case["loop_ratio_batched"] == {"2": 1.05}
+
+
+def test_knob_values_set_options_and_environment_or_leave_them_unset():
+    from benchmarks.throughput import knob_args
+
+    assert knob_args("HOROVOD_CYCLE_TIME", "5") == ([], {"HOROVOD_CYCLE_TIME": "5"})
+    assert knob_args("HOROVOD_CYCLE_TIME", "auto") == ([], {"HOROVOD_CYCLE_TIME": None})
+    assert knob_args("bucket-mb", "4") == (["--bucket-mb", "4"], {})
+    assert knob_args("bucket-mb", "auto") == ([], {})
+    assert knob_args("channels-last", "on") == (["--channels-last"], {})
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--np", "2", "--sweep", "no-such-knob=1,2"], "the training options have no --no-such-knob"),
+    (["--np", "2", "--dataset", "digits", "--models", "resnet18"],
+     "--models resnet18 needs larger images than the digits' 8x8"),
+    (["--np", "2", "--dataset", "digits", "--models", "convnet", "--image-size", "8"],
+     "--image-size is for synthetic data"),
+    (["--np", "2", "--dataset", "digits", "--models", "convnet", "--steps", "500"],
+     "is more than the 45 steps of one digits epoch"),
+    (["--np", "2", "--baselines", "bare,fastest"], "--baselines 'bare,fastest': choose from bare, bare-batched"),
+])
+def test_throughput_refuses_what_it_cannot_run_before_starting(capsys, tmp_path, args, message):
+    from benchmarks import throughput
+
+    assert throughput.main([*args, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "throughput.json").exists()
 
 
-def test_report_shows_the_benchmarks(allreduce_out, throughput_out, tmp_path):
-    ar_dir, _ = allreduce_out
-    tp_dir, _ = throughput_out
-    bench_dir = tmp_path / "bench"
-    bench_dir.mkdir()
-    for name in ("allreduce.json", "allreduce.png", "throughput.json", "throughput.png"):
-        shutil.copy((ar_dir if name.startswith("allreduce") else tp_dir) / name, bench_dir / name)
-    runs = tp_dir / "runs" / "convnet"
-    out = tmp_path / "report"
-    result = run_cmd([PY, "-m", "common.compare", "--runs", runs / "ddp-2-r1", runs / "horovod-gloo-2-r1",
-                      "--bench", bench_dir, "--out", out])
-    assert result.returncode == 0, result.output[-3000:]
-    report = (out / "report.md").read_text()
-    summary = json.loads((out / "summary.json").read_text())
-    assert "## Benchmarks" in report and "### Allreduce bandwidth" in report and "### Training throughput" in report
-    ar = json.loads((bench_dir / "allreduce.json").read_text())
-    for s in ar["series"]:
-        r = s["results"][-1]
-        assert f"{r['busbw_GBps']:.2f} GB/s" in report
-    tp = json.loads((bench_dir / "throughput.json").read_text())
-    case = tp["cases"][0]
-    assert f"| ddp | 2 | {case['throughput']['ddp@2']['median']:.1f}" in report
-    assert f"{case['loop_ratio']['2']:.3f}" in report
-    assert summary["benchmarks"]["throughput"]["cases"][0]["loop_ratio"] == case["loop_ratio"]
-    for name in ("bench_allreduce.png", "bench_throughput.png", "throughput.png"):
-        assert f"]({name})" in report
-        assert_real_image(out / name)
-    # The benchmark's figure did not replace the report's own throughput plot.
-    assert (out / "bench_throughput.png").read_bytes() == (bench_dir / "throughput.png").read_bytes()
-    assert (out / "throughput.png").read_bytes() != (bench_dir / "throughput.png").read_bytes()
+# ---- the other scripts ----
 
-    # Without --bench, results already in the output folder are picked up.
-    again = tmp_path / "again"
-    again.mkdir()
-    shutil.copy(bench_dir / "throughput.json", again / "throughput.json")
-    shutil.copy(bench_dir / "throughput.png", again / "throughput.png")
-    result = run_cmd([PY, "-m", "common.compare", "--runs", runs / "ddp-2-r1", runs / "horovod-gloo-2-r1",
-                      "--out", again])
-    assert result.returncode == 0, result.output[-3000:]
-    text = (again / "report.md").read_text()
-    assert "### Training throughput" in text and "### Allreduce bandwidth" not in text
-
-    # A --bench folder with no results is a clear error.
-    empty = run_cmd([PY, "-m", "common.compare", "--runs", runs / "ddp-2-r1", "--bench", tmp_path / "report",
-                     "--out", tmp_path / "x"])
-    assert empty.returncode == 2 and "no allreduce.json or throughput.json" in empty.output
-
-
-def test_loop_overhead_times_each_piece_of_bookkeeping(allreduce_out, tmp_path):
-    ar_dir, _ = allreduce_out
-    shutil.copy(ar_dir / "allreduce.json", tmp_path / "allreduce.json")
-    result = bench("loop_overhead", "--models", "convnet", "--image-size", "8", "--batch-size", "4",
-                   "--repeats", "5", "--out", tmp_path)
-    assert result.returncode == 0, result.output[-3000:]
-    data = json.loads((tmp_path / "loop_overhead.json").read_text())
-    assert_machine(data)
-    (row,) = data["rows"]
-    assert row["model"] == "convnet" and positive(row["step_s"])
-    # The stop check's cost comes from the allreduce benchmark's smallest torch message.
-    torch_small = next(s for s in json.loads((ar_dir / "allreduce.json").read_text())["series"]
-                       if s["name"] == "torch-gloo")["results"][0]["time_s"]
-    assert row["costs_s"]["stop check (allreduce / 5)"] == pytest.approx(torch_small / 5)
+def test_loop_overhead_times_each_piece_of_bookkeeping(quick):
+    out, _ = quick
+    (row,) = read(out, "loop_overhead.json")["rows"]
+    assert row["model"] == "convnet" and positive(row["step_s"]) and row["stop_check_every"] >= 1
+    # The stop check's cost comes from the allreduce benchmark's smallest torch message, shared by the
+    # steps between two checks.
+    torch_small = read(out, "allreduce.json")["series"][0]["results"][0]["time_s"]
+    assert row["costs_s"]["stop check (allreduce / steps between checks)"] == pytest.approx(
+        torch_small / row["stop_check_every"])
     assert set(row["costs_s"]) >= {"train meters", "loss.item()", "metrics.jsonl step line", "lr schedule"}
     assert all(positive(v) for v in row["costs_s"].values())
     assert row["total_s"] == pytest.approx(sum(row["costs_s"].values()))
 
 
-def test_horovod_cycle_measures_the_background_thread(tmp_path):
-    result = bench("horovod_cycle", "--np", "2", "--cycle-ms", "1,20", "--controllers", "gloo", "--idle-s", "1",
-                   "--matmuls", "5", "--out", tmp_path)
-    assert result.returncode == 0, result.output[-3000:]
-    data = json.loads((tmp_path / "horovod_cycle.json").read_text())
-    assert_machine(data)
-    assert [(r["controller"], r["cycle_time_ms"], r["world_size"]) for r in data["rows"]] == [
-        ("gloo", 1.0, 2), ("gloo", 20.0, 2)]
+def test_horovod_cycle_and_comm_hook(quick):
+    out, _ = quick
+    (cycle,) = read(out, "horovod_cycle.json")["rows"]
+    assert (cycle["controller"], cycle["cycle_time_ms"], cycle["world_size"]) == ("gloo", 5.0, 1)
+    assert all(positive(x) for x in cycle["idle_cpu_per_s"] + cycle["compute_s_with"] + cycle["compute_s_without"])
+    hook = read(out, "ddp_comm_hook.json")
+    (row,) = hook["rows"]
+    assert positive(row["builtin_ms"]) and positive(row["python_hook_ms"])
+    assert row["hook_cost"] == pytest.approx(row["python_hook_ms"] / row["builtin_ms"] - 1)
+    assert hook["settings"]["world_size"] == 1
+
+
+# ---- the comparison report's benchmark section ----
+
+def test_report_shows_the_benchmarks(quick, tmp_path, capsys):
+    from common.compare.__main__ import main as compare
+
+    out, _ = quick
+    run = out / "work" / "throughput" / "convnet" / "ddp-2-r1"
+    report_dir = tmp_path / "report"
+    assert compare(["--runs", str(run), "--bench", str(out), "--out", str(report_dir)]) == 0
+    report = (report_dir / "report.md").read_text()
+    summary = json.loads((report_dir / "summary.json").read_text())
+    assert "## Benchmarks" in report and "### Allreduce bandwidth" in report and "### Training throughput" in report
+    for s in read(out, "allreduce.json")["series"]:
+        assert f"{s['results'][-1]['busbw_GBps']:.2f} GB/s" in report
+    case = read(out, "throughput.json")["cases"][0]
+    assert f"| ddp | 2 | {case['throughput']['ddp@2']['median']:.1f}" in report
+    assert f"| {case['loop_ratio']['2']:.3f} | {case['loop_ratio_batched']['2']:.3f} |" in report
+    kept = summary["benchmarks"]["throughput"]["cases"][0]
+    assert (kept["loop_ratio"], kept["loop_ratio_batched"]) == (case["loop_ratio"], case["loop_ratio_batched"])
+    for name in ("bench_allreduce.png", "bench_throughput.png", "throughput.png"):
+        assert f"]({name})" in report
+        assert_real_image(report_dir / name)
+    # The benchmark's figure did not replace the report's own throughput plot.
+    assert (report_dir / "bench_throughput.png").read_bytes() == (out / "throughput.png").read_bytes()
+    assert (report_dir / "throughput.png").read_bytes() != (out / "throughput.png").read_bytes()
+
+    # Without --bench, results already in the output folder are picked up.
+    again = tmp_path / "again"
+    again.mkdir()
+    for name in ("throughput.json", "throughput.png"):
+        (again / name).write_bytes((out / name).read_bytes())
+    assert compare(["--runs", str(run), "--out", str(again)]) == 0
+    text = (again / "report.md").read_text()
+    assert "### Training throughput" in text and "### Allreduce bandwidth" not in text
+
+    # A --bench folder with no results is a clear error.
+    capsys.readouterr()
+    assert compare(["--runs", str(run), "--bench", str(tmp_path / "report" / "nothing"),
+                    "--out", str(tmp_path / "x")]) == 2
+    assert "no allreduce.json or throughput.json" in capsys.readouterr().err
+
+
+def test_csv_values_are_checked_with_a_message_naming_the_fix():
+    import argparse
+
+    from common.compare.arguments import byte_size, csv_list, world_sizes
+
+    assert world_sizes("1, 2,4") == [1, 2, 4]
+    assert byte_size("64K") == 65536 and byte_size("1M") == 2**20
+    for parse, text, message in ((world_sizes, "1,x", "is not a comma-separated list of integers"),
+                                 (world_sizes, "0,2", "every value must be >= 1"),
+                                 (world_sizes, ",", "give at least one value"),
+                                 (csv_list(str, ("gloo", "mpi")), "gloo,nccl", "unknown nccl; choose from gloo, mpi"),
+                                 (byte_size, "lots", "is not a size")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            parse(text)
+
+
+def test_run_all_is_executable_and_honours_its_variables():
+    text = RUN_ALL.read_text()
+    assert os.access(RUN_ALL, os.X_OK)
+    for variable in ("QUICK", "OUT", "WORK", "REPORT", "PYTHON"):
+        assert "${" + variable in text
+
+
+# ---- stop latency and exact mode's cost ----
+
+def test_stop_latency_stops_every_launcher_with_a_checkpoint(quick):
+    out, _ = quick
+    data = read(out, "stop_latency.json")
+    assert [r["launcher"] for r in data["rows"]] == ["torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun"]
     for r in data["rows"]:
-        assert len(r["idle_cpu_per_s"]) == 2 and all(positive(x) for x in r["idle_cpu_per_s"])
-        assert all(positive(x) for x in r["compute_s_with"] + r["compute_s_without"])
+        assert r["checkpoint_written"], r
+        assert positive(r["step_s"]) and positive(r["ranks_exit_s"]) and r["ranks_exit_s"] <= r["launcher_exit_s"]
+        assert r["bound_s"] == pytest.approx(15.0 + r["step_s"]) and isinstance(r["within_bound"], bool)
 
 
-def test_ddp_comm_hook_ab_times_both_variants():
-    result = run_cmd([str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", "benchmarks.ddp_comm_hook",
-                      "--image-size", "8", "--batch-size", "4", "--blocks", "1", "--steps", "4"], timeout=300)
-    assert result.returncode == 0, result.output[-3000:]
-    line = next(x for x in result.output.splitlines() if x.startswith("{"))
-    ms = json.loads(line)
-    assert positive(ms["builtin"]) and positive(ms["python_hook"])
-    assert ms["hook_cost"] == pytest.approx(ms["python_hook"] / ms["builtin"] - 1, abs=1e-3)
+def test_exact_cost_compares_both_modes_at_each_world_size(quick):
+    out, _ = quick
+    data = read(out, "exact_cost.json")
+    cells = {(r["model"], r["mode"], r["world_size"]): r for r in data["speed"]}
+    assert set(cells) == {("convnet", mode, np) for mode in ("allreduce", "exact") for np in (1, 2)}
+    for r in cells.values():
+        assert positive(r["samples_per_s"]["median"]) and positive(r["bytes_per_step"]) and r["threads"] >= 1
+    assert cells["convnet", "exact", 2]["threads"] == 1
+    # int64 sums of every gradient plus the exchanged values: more than twice float32 gradients.
+    for np in (1, 2):
+        assert cells["convnet", "exact", np]["bytes_per_step"] > 2 * cells["convnet", "allreduce", np]["bytes_per_step"]
+    (error,) = data["fixed_point_error"]
+    assert error["micro_batches"] == 2 and 0 <= error["fixed_point"] < 1e-6 and 0 <= error["float32_sum"] < 1e-3
+    assert data["distance"] is None  # --no-distance
 
-
-def test_throughput_on_digits_reports_the_data_wait(tmp_path):
-    result = bench("throughput", "--np", "2", "--models", "convnet", "--dataset", "digits", "--batch-size", "8",
-                   "--steps", "3", "--repeats", "1", "--backends", "ddp", "--baselines", "none",
-                   "--out", tmp_path, "--work", tmp_path / "runs")
-    assert result.returncode == 0, result.output[-4000:]
-    data = json.loads((tmp_path / "throughput.json").read_text())
-    assert data["settings"]["dataset"] == "digits"
-    (case,) = data["cases"]
-    assert case["image_size"] == 8
-    (run,) = case["runs"]
-    assert json.loads((Path(run["run_dirs"][0]) / "config.json").read_text())["config"]["dataset"] == "digits"
-    split = case["time_split"]["ddp@2"]
-    assert 0 < split["data_frac"] < 1 and positive(split["data_ms"])
-    assert "(digits, image 8," in result.output and "data %" in result.output
-
-
-def test_time_split_is_the_median_repeats():
-    """The comm/step/data columns describe the repeat whose samples/s is the median, not the first."""
-    from benchmarks.throughput import Case, summarise
-
-    runs = [{"label": "ddp", "world_size": 2, "repeat": i + 1, "samples_per_s": sps, "job_cpu_s": 1.0,
-             "time_split": {"step_ms": sps / 10}} for i, sps in enumerate([300.0, 100.0, 200.0])]
-    case = summarise(Case("convnet", 8), runs, ["ddp"])
-    assert case["throughput"]["ddp@2"]["median"] == 200.0
-    assert case["time_split"]["ddp@2"] == {"step_ms": 20.0}
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--models", "resnet18"], "--models resnet18 needs larger images than the digits' 8x8"),
-    (["--models", "convnet", "--image-size", "8"], "--image-size is for synthetic data"),
-    (["--models", "convnet", "--steps", "500"], "is more than the 45 steps of one digits epoch"),
-])
-def test_throughput_refuses_digits_settings_it_cannot_run(tmp_path, args, message):
-    result = bench("throughput", "--np", "2", "--dataset", "digits", *args, "--out", tmp_path, timeout=60)
-    assert result.returncode == 2 and message in result.output
-    assert not (tmp_path / "throughput.json").exists()

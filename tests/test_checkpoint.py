@@ -1,62 +1,75 @@
-"""Checkpoints: exact resume (also mid-epoch and across backends), world-size changes, refusals."""
+"""Checkpoints: exact resume (mid-epoch, across backends, with accumulation), world-size changes,
+--resume PATH, refusals, and non-finite values that never reach a checkpoint or model.pt."""
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 
 import pytest
 import torch
 
-from launch import launch, read_run, step_losses
+from launch import launch, read_run, step_losses, tensorboard_scalars
 
-ARGS = ["--model", "convnet", "--optimizer", "adam", "--lr", "0.002", "--weight-decay", "0.01",
-        "--epochs", "3", "--threads", "1"]
-# World size 2, batch 32: 23 steps per epoch, so 30 stops mid-way through the second epoch.
-HALF, FULL = 30, 60
+ARGS = ["--model", "convnet", "--optimizer", "adam", "--lr", "0.002", "--weight-decay", "0.01", "--epochs", "3",
+        "--threads", "1", "--accumulate", "2", "--tensorboard"]
+# World size 2, batch 32, --accumulate 2: 11 steps per epoch (22 micro-batches), so 16 stops in the
+# middle of the second epoch (at micro-batch 10) and 30 in the third.
+HALF, FULL = 16, 30
+FIRST_HALF = ARGS + ["--max-steps", str(HALF), "--checkpoint-every", "5"]
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("full")
-    launch("torchrun", 2, ARGS + ["--max-steps", str(FULL), "--run-dir", str(run_dir)]).check()
-    return read_run(run_dir)
+def uninterrupted(runs):
+    return runs("torchrun", 2, ARGS + ["--max-steps", str(FULL)]).run
 
 
-@pytest.mark.parametrize("first,second", [("torchrun", "torchrun"), ("horovodrun-gloo", "horovodrun-gloo"),
-                                          ("torchrun", "horovodrun-mpi"), ("mpirun", "torchrun")])
-def test_stop_and_resume_mid_epoch_is_bitwise_exact(tmp_path, uninterrupted, first, second):
-    launch(first, 2, ARGS + ["--max-steps", str(HALF), "--checkpoint-every", "7", "--keep-checkpoints", "2",
-                             "--run-dir", str(tmp_path)]).check()
-    kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("ckpt-*.pt"))
-    # Every 7 steps, the epoch end at 23 and the stop at 30; the newest two remain.
-    assert kept == ["ckpt-000000028.pt", "ckpt-000000030.pt"]
-    result = launch(second, 2, ARGS + ["--max-steps", str(FULL), "--resume", "auto",
-                                       "--run-dir", str(tmp_path)]).check()
-    assert "resuming from" in result.output and "ckpt-000000030.pt" in result.output
-    resumed = read_run(tmp_path)
+def _last_epoch(run):
+    return [e for e in run["events"] if e["event"] == "epoch"][-1]
+
+
+@pytest.mark.parametrize("first,second", [("torchrun", "horovodrun-mpi"), ("horovodrun-gloo", "torchrun")])
+def test_stop_and_resume_mid_epoch_is_bitwise_exact(runs, tmp_path, uninterrupted, first, second):
+    half = runs(first, 2, FIRST_HALF)
+    kept = sorted(p.name for p in (half.dir / "checkpoints").glob("ckpt-*.pt"))
+    # Every 5 steps, the epoch end at 11 and the stop at 16; the newest three remain.
+    assert kept == ["ckpt-000000011.pt", "ckpt-000000015.pt", "ckpt-000000016.pt"]
+    ckpt = torch.load(half.dir / "checkpoints" / "ckpt-000000016.pt", weights_only=True)
+    assert (ckpt["step"], ckpt["batch"], ckpt["epoch"]) == (16, 10, 1)  # batch counts micro-batches
+    run_dir = tmp_path / "run"
+    shutil.copytree(half.dir, run_dir)
+    result = launch(second, 2, ARGS + ["--max-steps", str(FULL), "--resume", "auto", "--run-dir", str(run_dir)]).check()
+    assert "resuming from" in result.output and "ckpt-000000016.pt" in result.output
+    resumed = read_run(run_dir)
     assert resumed["summary"]["weights_sha256"] == uninterrupted["summary"]["weights_sha256"]
     assert step_losses(resumed) == step_losses(uninterrupted)
-    # The resumed epoch's metrics cover all its steps, as in one go.
-    last_epoch = lambda run: [e for e in run["events"] if e["event"] == "epoch"][-1]  # noqa: E731
-    assert last_epoch(resumed)["train_loss"] == last_epoch(uninterrupted)["train_loss"]
+    # The resumed epoch's metrics cover all its steps, as in one go; TensorBoard holds each step once.
+    assert _last_epoch(resumed)["train_loss"] == _last_epoch(uninterrupted)["train_loss"]
+    assert [s for s, _ in tensorboard_scalars(run_dir)["train/batch_loss"]] == list(range(1, FULL + 1))
 
 
-def test_world_size_change_is_accepted_at_an_epoch_boundary(tmp_path):
-    args = ["--model", "mlp", "--epochs", "3", "--threads", "1", "--lr-scaling", "linear", "--lr", "0.05"]
-    launch("torchrun", 2, args + ["--max-steps", "23", "--run-dir", str(tmp_path)]).check()
-    result = launch("horovodrun-gloo", 1, args + ["--resume", "auto", "--run-dir", str(tmp_path)]).check()
-    assert "world size changed 2 -> 1 at the start of epoch 2: global batch 64 -> 32, lr 0.1 -> 0.05" in result.output
-    notes = [e for e in read_run(tmp_path)["events"] if e["event"] == "note"]
-    assert notes and "world size changed" in notes[0]["message"]
+def test_resume_from_a_named_checkpoint_at_another_world_size(runs, tmp_path):
+    """--resume PATH, from an epoch-end checkpoint of a 2-rank run, on one process: accepted, with the
+    new global batch and learning rate named."""
+    path = runs("torchrun", 2, FIRST_HALF).dir / "checkpoints" / "ckpt-000000011.pt"
+    result = launch("none-hvd", 1, ARGS + ["--max-steps", "14", "--resume", str(path),
+                                           "--run-dir", str(tmp_path)]).check()
+    assert f"resuming from {path}: epoch 2, batch 0, step 11" in result.output
+    assert "world size changed 2 -> 1 at the start of epoch 2: global batch 128 -> 64, lr 0.002 -> 0.002" \
+        in result.output
+    run = read_run(tmp_path)
+    assert run["summary"]["resumed_from"] == str(path) and run["summary"]["steps"] == 14
+    notes = [e for e in run["events"] if e["event"] == "note"]
+    assert notes and "world size changed 2 -> 1" in notes[0]["message"]
 
 
-def test_world_size_change_mid_epoch_is_refused(tmp_path):
-    args = ["--model", "mlp", "--epochs", "2", "--threads", "1"]
-    launch("torchrun", 2, args + ["--max-steps", "10", "--run-dir", str(tmp_path)]).check()
-    result = launch("none-ddp", 1, args + ["--resume", "auto", "--run-dir", str(tmp_path)])
+def test_world_size_change_mid_epoch_is_refused(runs, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs("horovodrun-gloo", 2, FIRST_HALF).dir, run_dir)
+    result = launch("none-ddp", 1, ARGS + ["--max-steps", str(FULL), "--resume", "auto", "--run-dir", str(run_dir)],
+                    timeout=60)
     assert result.returncode == 2
-    assert "written mid-epoch (epoch 1, batch 10) at world size 2" in result.output
+    assert "written mid-epoch (epoch 2, batch 10) at world size 2" in result.output
 
 
 class _Payload:
@@ -75,58 +88,84 @@ def _plant(path, obj):
     path.with_name(path.name + ".sha256").write_text(f"{file_sha256(str(path))}  {path.name}\n")
 
 
-def test_checkpoint_with_pickled_code_is_refused_and_never_runs(tmp_path):
-    args = ["--model", "mlp", "--epochs", "1", "--threads", "1"]
-    launch("none-ddp", 1, args + ["--max-steps", "5", "--run-dir", str(tmp_path)]).check()
-    marker = tmp_path / "pwned"
-    evil = tmp_path / "checkpoints" / "ckpt-000000999.pt"
-    _plant(evil, {"format": 1, "model": _Payload(marker)})
+MLP = ["--model", "mlp", "--epochs", "1", "--threads", "1", "--checkpoint-every", "4"]
 
-    explicit = launch("none-hvd", 1, args + ["--max-steps", "8", "--resume", str(evil), "--run-dir", str(tmp_path)])
-    assert explicit.returncode == 2 and "was refused" in explicit.output and "nothing in it was run" in explicit.output
-    # auto passes over it, says so, and resumes from the good one.
-    auto = launch("none-ddp", 1, args + ["--max-steps", "8", "--resume", "auto", "--run-dir", str(tmp_path)]).check()
-    assert "skipping checkpoint" in auto.output and "ckpt-000000999.pt was refused" in auto.output
-    assert "ckpt-000000005.pt" in auto.output
+
+@pytest.fixture(scope="module")
+def single(runs):
+    """One process, checkpoints at steps 4, 8 and 12."""
+    return runs("none-ddp", 1, MLP + ["--max-steps", "12"])
+
+
+def test_auto_resume_passes_over_bad_checkpoints(runs, single, tmp_path):
+    """A checkpoint carrying pickled code is refused and its code never runs; a truncated one is named;
+    --resume auto goes back to the newest good one and ends as an undisturbed run."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(single.dir, run_dir)
+    marker = tmp_path / "pwned"
+    _plant(run_dir / "checkpoints" / "ckpt-000000999.pt", {"format": 1, "model": _Payload(marker)})
+    newest = run_dir / "checkpoints" / "ckpt-000000012.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    result = launch("none-ddp", 1, MLP + ["--max-steps", "16", "--resume", "auto", "--run-dir", str(run_dir)]).check()
+    assert "skipping checkpoint" in result.output and "ckpt-000000999.pt was refused" in result.output
+    assert "ckpt-000000012.pt is corrupt or truncated" in result.output
+    assert "resuming from" in result.output and "ckpt-000000008.pt" in result.output
+    assert not marker.exists()
+    full = runs("none-ddp", 1, MLP + ["--max-steps", "16"]).run
+    assert read_run(run_dir)["summary"]["weights_sha256"] == full["summary"]["weights_sha256"]
+
+
+@pytest.mark.parametrize("change,expected", [
+    (["--model", "convnet"], "belongs to another run: model 'mlp' in the checkpoint, 'convnet' now"),
+    (["--dataset", "synthetic"], "belongs to another run: dataset 'digits' in the checkpoint, 'synthetic' now"),
+])
+def test_checkpoint_of_another_run_is_refused(single, tmp_path, change, expected):
+    path = single.dir / "checkpoints" / "ckpt-000000008.pt"
+    result = launch("none-ddp", 1, MLP + change + ["--resume", str(path), "--run-dir", str(tmp_path)], timeout=60)
+    assert result.returncode == 2 and expected in result.output, result.output[-2000:]
+
+
+def test_checkpoint_with_pickled_code_named_explicitly_is_refused(single, tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    _plant(evil, {"format": 1, "model": _Payload(marker)})
+    result = launch("none-hvd", 1, MLP + ["--resume", str(evil), "--run-dir", str(tmp_path / "run")], timeout=60)
+    assert result.returncode == 2 and "was refused" in result.output and "nothing in it was run" in result.output
     assert not marker.exists()
 
 
-def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path):
-    args = ["--model", "mlp", "--epochs", "1", "--threads", "1", "--checkpoint-every", "4"]
-    full = tmp_path / "full"
-    launch("none-ddp", 1, args + ["--max-steps", "16", "--run-dir", str(full)]).check()
-    run_dir = tmp_path / "split"
-    launch("none-ddp", 1, args + ["--max-steps", "12", "--run-dir", str(run_dir)]).check()
-    newest = run_dir / "checkpoints" / "ckpt-000000012.pt"
-    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated
-    result = launch("none-ddp", 1, args + ["--max-steps", "16", "--resume", "auto", "--run-dir", str(run_dir)]).check()
-    assert "ckpt-000000012.pt is corrupt or truncated" in result.output
-    assert "resuming from" in result.output and "ckpt-000000008.pt" in result.output
-    assert read_run(run_dir)["summary"]["weights_sha256"] == read_run(full)["summary"]["weights_sha256"]
+def test_checkpoint_loads_with_weights_only(single):
+    ckpt = torch.load(single.dir / "checkpoints" / "ckpt-000000012.pt", weights_only=True)
+    assert {"model", "optimizer", "epoch", "batch", "step", "rng", "meter", "settings"} <= set(ckpt)
+    assert single.run["summary"]["steps"] == ckpt["step"] == 12
 
 
-def test_checkpoint_of_another_model_is_refused(tmp_path):
-    launch("none-ddp", 1, ["--model", "mlp", "--max-steps", "3", "--run-dir", str(tmp_path)]).check()
-    result = launch("none-ddp", 1, ["--model", "convnet", "--resume", "auto", "--run-dir", str(tmp_path)])
-    assert result.returncode == 2
-    assert "belongs to another run: model 'mlp' in the checkpoint, 'convnet' now" in result.output
+def _all_finite(state):
+    return all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point())
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
-    result = launch("torchrun", 2, ["--model", "mlp", "--lr", "1e6", "--checkpoint-every", "1", "--max-steps", "40",
+def test_non_finite_weights_never_reach_a_checkpoint(tmp_path):
+    """With a huge learning rate the loss stays finite while BatchNorm's running variance overflows: the
+    weights are checked before anything is written, every rank stops with the same line, and the last
+    good checkpoint is kept."""
+    result = launch("torchrun", 2, ["--model", "convnet", "--lr", "1e9", "--log-every", "50", "--checkpoint-every", "2",
                                     "--threads", "1", "--run-dir", str(tmp_path)])
     assert result.returncode != 0
-    assert "loss is nan" in result.output or "loss is inf" in result.output
+    for rank in range(2):
+        assert f"[rank {rank}] ddp_train: error: non-finite values in " in result.output, result.output[-3000:]
+    assert "checkpoint not written (the last good checkpoint is kept)" in result.output
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "model.pt").exists()
+    from common.checkpoint import find_newest_valid
+    good, _, problems = find_newest_valid(str(tmp_path))
+    assert good is not None and not problems and _all_finite(good["model"])
+
+
+def test_non_finite_loss_stops_at_once(tmp_path):
+    result = launch("none-ddp", 1, ["--model", "mlp", "--lr", "1e6", "--checkpoint-every", "1", "--max-steps", "40",
+                                    "--threads", "1", "--run-dir", str(tmp_path)])
+    assert result.returncode == 1
+    assert "ddp_train: error: loss is nan" in result.output or "ddp_train: error: loss is inf" in result.output
     assert not (tmp_path / "summary.json").exists()
     from common.checkpoint import find_newest_valid
-    good, path, problems = find_newest_valid(str(tmp_path))
-    assert good is not None and not problems
-    assert all(torch.isfinite(t).all() for t in good["model"].values() if t.is_floating_point())
-
-
-def test_checkpoint_loads_with_weights_only(tmp_path):
-    launch("none-hvd", 1, ["--model", "mlp", "--max-steps", "3", "--run-dir", str(tmp_path)]).check()
-    (path,) = (tmp_path / "checkpoints").glob("ckpt-*.pt")
-    ckpt = torch.load(path, weights_only=True)
-    assert {"model", "optimizer", "epoch", "batch", "step", "rng", "meter", "settings"} <= set(ckpt)
-    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == ckpt["step"] == 3
+    good, _, problems = find_newest_valid(str(tmp_path))
+    assert good is not None and not problems and _all_finite(good["model"])

@@ -1,15 +1,19 @@
-"""The comparison layer: launches the matrix, reads run directories, reports with plots and verdicts."""
+"""The comparison layer: launches the matrix, reads run directories, reports with plots and verdicts.
+What the report says is checked against what the run directories hold, computed here."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import statistics
 import stat
 
 import pytest
 from PIL import Image
 
-from launch import PY, launch, read_run, run_cmd
+from launch import PY, max_abs_diff, read_run, run_cmd
+from settings import convnet_run, mlp_run
 
 PLOTS = ("curves.png", "throughput.png", "scaling_efficiency.png", "time_split.png", "parity.png")
 SHORT = ["--model", "mlp", "--epochs", "2", "--max-steps", "12", "--threads", "1"]
@@ -26,41 +30,60 @@ def assert_real_image(path):
         assert extrema[0] < extrema[1], f"{path} is one flat colour"
 
 
-def test_default_matrix_makes_report_plots_and_summary(tmp_path):
-    out = tmp_path / "cmp"
+@pytest.fixture(scope="module")
+def default_matrix(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cmp")
     result = compare("--out", out, "--repeats", "1", *SHORT)
     assert result.returncode == 0, result.output[-3000:]
-    # One line per run started and finished, epoch progress with an ETA.
-    assert result.output.count("starting ") == 5 and result.output.count("finished ") == 5
-    assert "ETA" in result.output and "epoch 1 step" in result.output
+    return out, result.output
 
+
+def test_default_matrix_runs_world_sizes_1_to_3_and_explains(default_matrix):
+    out, output = default_matrix
+    expected = ["ddp@1#1", "horovod-gloo@1#1", "ddp@2#1", "horovod-gloo@2#1", "ddp@3#1", "horovod-gloo@3#1",
+                "horovod-mpi@3#1", "horovod-gloo+predivide@3#1"]
+    # One line per run started and finished, epoch progress with an ETA.
+    assert output.count("starting ") == len(expected) and output.count("finished ") == len(expected)
+    assert "ETA" in output and "epoch 1 step" in output
     summary = json.loads((out / "summary.json").read_text())
+    assert sorted(r["name"] for r in summary["runs"]) == sorted(expected)
+    for run in summary["runs"]:
+        assert os.path.isfile(os.path.join(run["path"], "launch.log"))
+        assert run["command"] and run["versions"]["torch"] and run["hosts"]
     report = (out / "report.md").read_text()
     for name in PLOTS:
         assert_real_image(out / name)
         assert f"]({name})" in report
-    labels = sorted(r["name"] for r in summary["runs"])
-    assert labels == sorted(["ddp@1#1", "horovod-gloo@1#1", "ddp@2#1", "horovod-gloo@2#1", "horovod-mpi@2#1"])
-    for run in summary["runs"]:
-        assert (out / "runs").exists() and os.path.isfile(os.path.join(run["path"], "launch.log"))
-        assert run["command"] and run["versions"]["torch"] and run["hosts"]
 
-    # The report prints the numbers summary.json holds.
-    for key, value in summary["throughput"].items():
-        assert f"| {key} | {value['median']:.1f} |" in report
-    pairs = [p for p in summary["parity"] if p["kind"] == "backends"]
-    assert {p["world_size"] for p in pairs} == {1, 2}
-    for p in pairs:
-        assert p["verdict"] == "bitwise identical"
-        assert f"{p['a']} vs {p['b']}: **{p['verdict']}**" in report
-    for v in summary["speed"]:
-        assert v["verdict"] in report
-    for label, points in summary["scaling_efficiency"].items():
-        # horovod-mpi has no single-process run: it is measured against horovod-gloo@1.
-        assert points.get("1", 1.0) == pytest.approx(1.0)
-        assert f"{points['2']:.2f} at 2" in report
-    for row in summary["accuracy"]:
-        assert f"| {row['run']} | {row['steps']} |" in report
+
+def _runs_by_name(summary):
+    return {r["name"]: read_run(r["path"]) for r in summary["runs"]}
+
+
+def test_report_verdicts_match_the_run_directories(default_matrix):
+    out, _ = default_matrix
+    summary = json.loads((out / "summary.json").read_text())
+    report = (out / "report.md").read_text()
+    runs = _runs_by_name(summary)
+    for world in (1, 2):  # bitwise at 1 and 2 ranks, as the weights themselves say
+        a, b = runs[f"ddp@{world}#1"], runs[f"horovod-gloo@{world}#1"]
+        assert max_abs_diff(a["model"], b["model"]) == 0.0
+        assert f"world size {world}**, ddp@{world}#1 vs horovod-gloo@{world}#1: **bitwise identical**" in report
+    gap = max_abs_diff(runs["ddp@3#1"]["model"], runs["horovod-gloo@3#1"]["model"])
+    assert gap > 0
+    line = next(line for line in report.splitlines() if "ddp@3#1 vs horovod-gloo@3#1" in line and "**Weights" in line)
+    assert f"{gap:.1e}" in line or f"{gap:.3g}" in line, line
+    # The measured explanation: the gap with Horovod dividing before the sum, as DDP does.
+    closer = max_abs_diff(runs["ddp@3#1"]["model"], runs["horovod-gloo+predivide@3#1"]["model"])
+    why = report.splitlines()[report.splitlines().index(line) + 1]
+    assert why.startswith("  Why, measured:") and "horovod-gloo+predivide" in why
+    assert ("gone (bitwise identical)" if closer == 0 else f"the gap is {closer:.1e}") in why
+    # Throughput: the median of each cell, from each run's summary.json.
+    for key in ("ddp@2", "horovod-gloo@2"):
+        value = statistics.median([r["summary"]["samples_per_s"] for name, r in runs.items() if name.startswith(key)])
+        assert f"| {key} | {value:.1f} |" in report
+    for name, run in runs.items():
+        assert f"| {name} | {run['summary']['steps']} |" in report
 
 
 def test_failed_run_is_reported_and_the_rest_still_compared(tmp_path):
@@ -77,65 +100,61 @@ def test_failed_run_is_reported_and_the_rest_still_compared(tmp_path):
     assert "FAILED horovod-mpi@2#1" in result.output
     summary = json.loads((out / "summary.json").read_text())
     assert [f["name"] for f in summary["failures"]] == ["horovod-mpi@2#1"]
-    assert summary["failures"][0]["error"]
+    assert "MPI is broken on this host" in summary["failures"][0]["error"]
     assert sorted(r["name"] for r in summary["runs"]) == ["ddp@2#1", "horovod-gloo@2#1"]
     report = (out / "report.md").read_text()
     assert "## Failed runs" in report and "horovod-mpi@2#1" in report
 
 
-@pytest.fixture(scope="module")
-def hand_runs(tmp_path_factory):
-    """Run directories written by torchrun and horovodrun launched by hand, as on a cluster."""
-    root = tmp_path_factory.mktemp("hand")
-    specs = {
-        "torchrun": ("torchrun", 2, []),
-        "horovodrun": ("horovodrun-gloo", 2, []),
-        "seed2": ("none-ddp", 1, ["--seed", "2"]),
-        "seed1": ("none-ddp", 1, []),
-        "stepdecay": ("none-hvd", 1, ["--lr-schedule", "step"]),
-        "convnet": ("torchrun", 2, ["--model", "convnet"]),
-    }
-    base = ["--model", "mlp", "--epochs", "1", "--max-steps", "20", "--threads", "1"]
-    for name, (launcher, np, extra) in specs.items():
-        launch(launcher, np, base + extra + ["--run-dir", str(root / name)]).check()
-    return root
-
-
-def test_runs_from_hand_launched_torchrun_and_horovodrun(hand_runs, tmp_path):
-    result = compare("--runs", hand_runs / "torchrun", hand_runs / "horovodrun", "--out", tmp_path)
+def test_runs_made_by_hand_with_torchrun_and_horovodrun(runs, tmp_path):
+    ddp, hvd = mlp_run(runs, "torchrun"), mlp_run(runs, "horovodrun-gloo")
+    result = compare("--runs", ddp.dir, hvd.dir, "--out", tmp_path)
     assert result.returncode == 0, result.output
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    (pair,) = [p for p in summary["parity"] if p["kind"] == "backends"]
+    (pair,) = [p for p in json.loads((tmp_path / "summary.json").read_text())["parity"] if p["kind"] == "backends"]
+    assert ddp.run["summary"]["weights_sha256"] == hvd.run["summary"]["weights_sha256"]
     assert pair["verdict"] == "bitwise identical" and pair["first_differing_step"] is None
-    assert "bitwise identical" in (tmp_path / "report.md").read_text()
+    assert "**bitwise identical**" in (tmp_path / "report.md").read_text()
 
 
-def test_runs_of_different_models_are_refused(hand_runs, tmp_path):
-    result = compare("--runs", hand_runs / "torchrun", hand_runs / "convnet", "--out", tmp_path)
+def test_world_size_3_pair_is_equal_within_its_measured_gap(runs, tmp_path):
+    """A real pair that differs in the last bits: DDP and Horovod at 3 ranks."""
+    ddp, hvd = convnet_run(runs, "torchrun", np=3), convnet_run(runs, "horovodrun-gloo", np=3)
+    gap = max_abs_diff(ddp.run["model"], hvd.run["model"])
+    result = compare("--runs", ddp.dir, hvd.dir, "--out", tmp_path)
+    assert result.returncode == 0, result.output
+    assert f"weights @3: ddp@3#1 vs horovod-gloo@3#1: equal within {gap:.1e}" in result.output
+    assert re.search(rf"\*\*equal within {re.escape(f'{gap:.1e}')}\*\*", (tmp_path / "report.md").read_text())
+
+
+def test_runs_of_different_models_are_refused(runs, tmp_path):
+    result = compare("--runs", mlp_run(runs, "torchrun").dir, convnet_run(runs, "torchrun").dir, "--out", tmp_path)
     assert result.returncode == 2
     assert "not comparable" in result.output and "model differs" in result.output
     assert not (tmp_path / "report.md").exists()
 
 
-def test_runs_differing_only_in_seed_are_diverged_from_the_first_step(hand_runs, tmp_path):
-    refused = compare("--runs", hand_runs / "seed1", hand_runs / "seed2", "--out", tmp_path)
+ALONE = ["--model", "mlp", "--epochs", "1", "--max-steps", "20", "--threads", "1"]
+
+
+def test_runs_differing_only_in_seed_are_diverged_from_the_first_step(runs, tmp_path):
+    seed1, seed2 = runs("none-ddp", 1, ALONE).dir, runs("none-ddp", 1, ALONE + ["--seed", "2"]).dir
+    refused = compare("--runs", seed1, seed2, "--out", tmp_path)
     assert refused.returncode == 2 and "seed differs" in refused.output
-    result = compare("--runs", hand_runs / "seed1", hand_runs / "seed2", "--out", tmp_path, "--force")
+    result = compare("--runs", seed1, seed2, "--out", tmp_path, "--force")
     assert result.returncode == 0, result.output
     (pair,) = json.loads((tmp_path / "summary.json").read_text())["parity"]
     assert pair["verdict"].startswith("diverged: first differing step 1,")
-    assert pair["max_abs_weight_diff"] > 1e-3
+    assert pair["max_abs_weight_diff"] == pytest.approx(max_abs_diff(read_run(seed1)["model"], read_run(seed2)["model"]))
 
 
-def test_divergence_is_found_at_the_step_it_starts(hand_runs, tmp_path):
+def test_divergence_is_found_at_the_step_it_starts(runs, tmp_path):
     # Same seed; the step schedule cuts the lr at 50% of the 20 steps (the 11th update), so rank 0's
     # loss first differs at step 12, the first forward pass after that update.
-    a, b = read_run(hand_runs / "seed1"), read_run(hand_runs / "stepdecay")
-    losses_a = [e["loss"] for e in a["events"] if e["event"] == "step"]
-    losses_b = [e["loss"] for e in b["events"] if e["event"] == "step"]
-    expected = next(i + 1 for i, (x, y) in enumerate(zip(losses_a, losses_b)) if x != y)
-    assert expected == 12
-    result = compare("--runs", hand_runs / "seed1", hand_runs / "stepdecay", "--out", tmp_path)
+    plain, decay = runs("none-ddp", 1, ALONE), runs("none-hvd", 1, ALONE + ["--lr-schedule", "step"])
+    losses_a = [e["loss"] for e in plain.run["events"] if e["event"] == "step"]
+    losses_b = [e["loss"] for e in decay.run["events"] if e["event"] == "step"]
+    assert next(i + 1 for i, (x, y) in enumerate(zip(losses_a, losses_b)) if x != y) == 12
+    result = compare("--runs", plain.dir, decay.dir, "--out", tmp_path)
     assert result.returncode == 0, result.output
     summary = json.loads((tmp_path / "summary.json").read_text())
     (pair,) = summary["parity"]

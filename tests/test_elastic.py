@@ -53,3 +53,34 @@ def test_elastic_job_loses_a_worker_and_finishes_from_the_last_commit(tmp_path):
     launch("none-hvd", 1, ARGS + ["--resume", "auto", "--run-dir", str(reference)]).check()
     assert run["summary"]["weights_sha256"] == read_run(reference)["summary"]["weights_sha256"]
     assert json.loads((run_dir / "config.json").read_text())["backend"]["elastic"] is True
+
+
+def test_elastic_exact_job_continues_mid_epoch_at_another_world_size(tmp_path):
+    """Under --reduction exact nothing depends on the world size: after a worker is lost the job goes on
+    from the newest commit, mid-epoch, and ends with the bits of an undisturbed run."""
+    # Steps of tens of ms (a 64x64 input), 10 a epoch (960 samples, global batch 96), a commit every 3:
+    # the worker dies a step or two after the mid-epoch commit at step 12, long before the next at 15.
+    exact = ["--model", "mlp", "--dataset", "synthetic", "--image-size", "64", "--synthetic-samples", "960",
+             "--reduction", "exact", "--epochs", "3", "--checkpoint-every", "3"]
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    run_dir = tmp_path / "elastic"
+    job = Job([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+               "--host-discovery-script", str(discover), PY, "-m", "hvd_train", *exact, "--run-dir", str(run_dir)])
+    mid_epoch = run_dir / "checkpoints" / f"ckpt-{12:09d}.pt"
+    job.wait_until(mid_epoch.exists, f"never wrote {mid_epoch.name}")
+    worker(str(run_dir), 1).kill()
+    assert job.wait(timeout=240) == 0, job.output[-4000:]
+    assert_nothing_left(str(run_dir))
+
+    run = read_run(run_dir)
+    assert run["summary"]["world_size"] == 1
+    notes = [e["message"] for e in run["events"] if e["event"] == "note"]
+    assert any(n.startswith("elastic: 1 ranks continue from the elastic commit") and "(mid-epoch)" in n
+               for n in notes), notes
+    reference = tmp_path / "reference"
+    launch("none-hvd", 1, exact + ["--run-dir", str(reference)]).check()
+    assert run["summary"]["weights_sha256"] == read_run(reference)["summary"]["weights_sha256"]

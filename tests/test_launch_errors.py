@@ -57,7 +57,7 @@ def test_horovodrun_more_processes_than_slots(tmp_path):
 
 
 def test_mpirun_more_processes_than_slots(tmp_path):
-    from common.compare.launchers import mpi_flags
+    from hvd_train.launch import mpi_flags
 
     root = [f for f in mpi_flags() if f != "--oversubscribe"]
     result = run_cmd(["mpirun", *root, "--host", "localhost:1", "-np", "2", PY, "-m", "hvd_train", *TINY,

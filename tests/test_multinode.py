@@ -9,8 +9,7 @@ import subprocess
 
 import pytest
 
-from common.compare.launchers import mpi_flags
-from launch import BIN, PY, REPO, max_abs_diff, read_run, step_losses
+from launch import PY, REPO, command_on_hosts, max_abs_diff, read_run, step_losses
 
 pytestmark = pytest.mark.multinode
 
@@ -18,27 +17,6 @@ ARGS = ["--model", "mlp", "--max-steps", "10", "--threads", "1", "--batch-size",
 HOSTS = "node0:2,node1:2"
 LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
 _ports = itertools.count(29510)
-
-
-def horovod_command(launcher: str, run_dir) -> list:
-    """What a user types on node0 to start 4 Horovod ranks, 2 on each host (ssh from the hosts'
-    ssh config: key, known host keys)."""
-    train = [PY, "-m", "hvd_train", *ARGS, "--run-dir", str(run_dir)]
-    if launcher == "horovodrun-gloo":
-        return [str(BIN / "horovodrun"), "-np", "4", "-H", HOSTS, "--gloo", *train]
-    if launcher == "horovodrun-mpi":
-        return [str(BIN / "horovodrun"), "-np", "4", "-H", HOSTS, "--mpi", "--mpi-args=" + " ".join(mpi_flags()),
-                *train]
-    # Plain mpirun: the remote ranks get PATH (the venv first) only when it is exported with -x.
-    return ["mpirun", *mpi_flags(), "--bind-to", "none", "-np", "4", "--host", HOSTS,
-            "-x", "PATH", "-x", "PYTHONUNBUFFERED", *train]
-
-
-def torchrun_command(run_dir, port: int) -> list:
-    """The command started on each host; node0 hosts the c10d rendezvous."""
-    return [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"node0:{port}", "--rdzv-id", f"multinode-{port}", "-m", "ddp_train", *ARGS,
-            "--run-dir", str(run_dir)]
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +27,16 @@ def runs(cluster, tmp_path_factory):
     def get(launcher: str):
         if launcher not in cache:
             run_dir = tmp_path_factory.mktemp(f"two-hosts-{launcher}")
+            # What a user types on node0 (on every host for torchrun, whose rendezvous node0 holds); ssh
+            # comes from the hosts' ssh config (key, known host keys).
+            cmd = command_on_hosts(launcher, 4, HOSTS, [*ARGS, "--run-dir", str(run_dir)], port=next(_ports))
             if launcher == "torchrun":
-                cmd = torchrun_command(run_dir, next(_ports))
                 results = cluster.run_together({"node0": cmd, "node1": cmd}, timeout=240)
                 for result in results.values():
                     result.check()
                 output = "\n".join(r.output for r in results.values())
             else:
-                output = cluster.run("node0", horovod_command(launcher, run_dir), timeout=240).check().output
+                output = cluster.run("node0", cmd, timeout=240).check().output
             cache[launcher] = (read_run(run_dir), output, run_dir)
         return cache[launcher]
 

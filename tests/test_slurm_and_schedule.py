@@ -62,12 +62,12 @@ def test_srun_without_master_addr_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.parametrize("spec,node,expected", [("4", 0, 4), ("2(x3),1", 2, 2), ("2(x3),1", 3, 1)])
-def test_slurm_tasks_per_node_parsing(monkeypatch, spec, node, expected):
-    from ddp_train.backend import _slurm_tasks_on_this_node
+def test_slurm_tasks_per_node_parsing(spec, node, expected):
+    from common.launch.placement import detect
 
-    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", spec)
-    monkeypatch.setenv("SLURM_NODEID", str(node))
-    assert _slurm_tasks_on_this_node() == expected
+    env = {"SLURM_STEP_TASKS_PER_NODE": spec, "SLURM_NODEID": str(node), "SLURM_PROCID": "0", "SLURM_NTASKS": "7"}
+    placement = detect(env)
+    assert (placement.launcher, placement.local_world_size) == ("srun", expected)
 
 
 def test_linear_scaling_with_warmup_follows_horovods_rule():

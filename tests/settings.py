@@ -1,0 +1,32 @@
+"""Training settings the tests share, so that tests asking for the same run share one launch (the
+session's `runs` fixture)."""
+
+from __future__ import annotations
+
+# Two epochs at world size 2 and batch 32 are 46 steps; 30 crosses an epoch boundary.
+COMMON = ["--dataset", "digits", "--batch-size", "32", "--epochs", "2", "--max-steps", "30", "--threads", "1"]
+# TensorBoard files and the progress bar change nothing in the numbers; the logging tests read them.
+MLP_SGD = COMMON + ["--model", "mlp", "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--tensorboard",
+                    "--progress", "on"]
+CONVNET_ADAM = COMMON + ["--model", "convnet", "--optimizer", "adam", "--lr", "0.002", "--weight-decay", "0.01"]
+
+SINGLE = ("none-ddp", "none-hvd")
+TWO_RANK = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
+LAUNCHERS = SINGLE + TWO_RANK
+#: launcher options of the shared runs: a user's own Open MPI choice, which hvd_train must keep
+LAUNCHER_ARGS = {"mpirun": ("--mca", "mpi_yield_when_idle", "0")}
+
+
+def processes(launcher: str) -> int:
+    """How many processes the shared runs of a launcher start."""
+    return 1 if launcher in SINGLE else 2
+
+
+def mlp_run(runs, launcher: str):
+    """The shared mlp / SGD run of a launcher."""
+    return runs(launcher, processes(launcher), MLP_SGD, LAUNCHER_ARGS.get(launcher, ()))
+
+
+def convnet_run(runs, launcher: str, np: int = 2):
+    """The shared convnet / Adam + weight decay run of a launcher at `np` processes."""
+    return runs(launcher, np, CONVNET_ADAM, LAUNCHER_ARGS.get(launcher, ()))

@@ -1,0 +1,137 @@
+"""--reduction exact: the same bits on both backends and every launcher, at every world size that
+divides the micro-batches, run after run, across a resume at another world size; every knob works
+or is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from launch import PY, launch, read_run, run_cmd, step_losses
+from settings import MLP_SGD, mlp_run
+
+# The default global batch, 96, is 12 micro-batches of 8: 1, 2, 3, 4 (6, 12) ranks share them.
+EXACT = ["--reduction", "exact", "--optimizer", "adam", "--lr", "0.002", "--weight-decay", "0.01", "--epochs", "1",
+         "--max-steps", "6", "--log-every", "1", "--checkpoint-every", "3"]
+BATCHNORM = EXACT + ["--model", "convnet"]
+DROPOUT = EXACT + ["--model", "mnist_net"]
+THREE_RANKS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
+# Each world size through another launcher: the result depends on neither.
+WORLD_SIZES = {"batchnorm": {1: "none-hvd", 2: "horovodrun-mpi", 3: "torchrun", 4: "mpirun"},
+               "dropout": {1: "none-ddp", 2: "torchrun", 3: "horovodrun-gloo", 4: "mpirun"}}
+ARGS = {"batchnorm": BATCHNORM, "dropout": DROPOUT}
+
+
+def test_exact_mode_gives_the_same_bits_on_every_launcher_at_3_ranks(runs):
+    reference = runs("torchrun", 3, BATCHNORM).run
+    assert reference["config"]["reduction"] == "exact" and reference["config"]["global_batch"] == 96
+    assert reference["config"]["per_rank_batch"] == 32 and reference["config"]["micro_batches_per_step"] == 12
+    assert reference["config"]["threads"] == 1
+    for launcher in THREE_RANKS[1:]:
+        other = runs(launcher, 3, BATCHNORM).run
+        assert other["summary"]["world_size"] == 3
+        assert other["summary"]["weights_sha256"] == reference["summary"]["weights_sha256"], launcher
+        assert step_losses(other) == step_losses(reference), launcher
+    # Weights and buffers: BatchNorm's running statistics are part of the checksum, and moved.
+    state = reference["model"]
+    assert "layer1.1.running_var" in state and not torch.equal(state["layer1.1.running_var"], torch.ones(16))
+
+
+@pytest.mark.parametrize("model", ["batchnorm", "dropout"])
+def test_exact_mode_gives_the_same_bits_at_every_world_size(runs, model):
+    results = {np: runs(launcher, np, ARGS[model]).run for np, launcher in WORLD_SIZES[model].items()}
+    digests = {np: r["summary"]["weights_sha256"] for np, r in results.items()}
+    assert len(set(digests.values())) == 1, digests
+    losses = {np: step_losses(r) for np, r in results.items()}
+    assert all(loss == losses[1] for loss in losses.values())
+    # The epoch's training metrics are global, the same at every world size.
+    assert len({r["summary"]["train_loss"] for r in results.values()}) == 1
+
+
+def test_exact_mode_resumes_mid_epoch_at_another_world_size(runs, tmp_path):
+    """A checkpoint written at step 3 of a 3-rank run (mid-epoch: 14 steps make an epoch) continues on 2
+    ranks and ends as the undisturbed run."""
+    first = runs("torchrun", 3, BATCHNORM)
+    run_dir = tmp_path / "run"
+    shutil.copytree(first.dir, run_dir)
+    for late in (run_dir / "checkpoints").glob("ckpt-*.pt"):
+        if late.name != "ckpt-000000003.pt":
+            late.unlink()
+            late.with_name(late.name + ".sha256").unlink()
+    result = launch("horovodrun-gloo", 2, BATCHNORM + ["--resume", "auto", "--run-dir", str(run_dir)]).check()
+    assert "world size changed 3 -> 2 at step 3 (--reduction exact: the same global batches)" in result.output
+    assert "resuming from" in result.output and "batch 3, step 3" in result.output
+    resumed = read_run(run_dir)
+    assert resumed["summary"]["weights_sha256"] == first.run["summary"]["weights_sha256"]
+    assert step_losses(resumed) == step_losses(first.run)
+
+
+def test_global_batch_sets_the_per_rank_batch(runs):
+    """--global-batch 64 at 2 ranks is --batch-size 32: the same run, bit for bit."""
+    args = [a for a in MLP_SGD]
+    at = args.index("--batch-size")
+    args[at:at + 2] = ["--global-batch", "64"]
+    run = runs("torchrun", 2, args).run
+    assert run["config"]["per_rank_batch"] == 32 and run["config"]["global_batch"] == 64
+    assert run["summary"]["weights_sha256"] == mlp_run(runs, "torchrun").run["summary"]["weights_sha256"]
+
+
+@pytest.mark.parametrize("extra,expected", [
+    (["--compression", "fp16"], "--compression fp16 does not apply to --reduction exact"),
+    (["--accumulate", "2"], "--accumulate does not apply to --reduction exact: it already cuts the global batch"),
+    (["--lr-scaling", "linear"], "--lr-scaling linear does not apply to --reduction exact"),
+    (["--predivide"], "--predivide does not apply to --reduction exact"),
+    (["--batch-size", "16"], "--batch-size does not apply to --reduction exact"),
+    (["--global-batch", "100"], "--global-batch 100 is not a multiple of --micro-batch 8"),
+])
+def test_exact_mode_refuses_what_cannot_work_in_one_line(tmp_path, extra, expected):
+    result = run_cmd([PY, "-m", "hvd_train", "--reduction", "exact", *extra, "--run-dir", str(tmp_path)], timeout=60)
+    assert result.returncode == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0], result.output
+    assert result.seconds < 10  # before torch is imported
+
+
+def test_a_world_size_that_cannot_share_the_micro_batches_is_refused_on_every_rank(tmp_path):
+    result = launch("torchrun", 3, ["--reduction", "exact", "--global-batch", "16", "--run-dir", str(tmp_path)],
+                    timeout=90)
+    assert result.returncode != 0
+    for rank in range(3):
+        assert f"[rank {rank}] ddp_train: error: --global-batch 16 makes 2 micro-batches of 8, which 3 ranks cannot " \
+               "share equally" in result.output, result.output[-3000:]
+
+
+def test_the_comparison_gives_the_world_size_verdict(runs, tmp_path):
+    dirs = [runs(launcher, np, DROPOUT).dir for np, launcher in WORLD_SIZES["dropout"].items()]
+    result = run_cmd([PY, "-m", "common.compare", "--runs", *map(str, dirs), "--out", str(tmp_path)], timeout=180)
+    assert result.returncode == 0, result.output[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (verdict,) = summary["world_sizes"]
+    assert verdict["identical"] and verdict["world_sizes"] == [1, 2, 3, 4]
+    assert verdict["verdict"].startswith("world sizes 1, 2, 3, 4: bitwise identical")
+    report = (tmp_path / "report.md").read_text()
+    assert f"**World sizes** (--reduction exact): **{verdict['verdict']}**" in report
+
+
+def test_fixed_point_sums_do_not_depend_on_their_grouping():
+    """The integer form of a gradient sums to the same bits whichever ranks hold which micro-batches."""
+    from common.fixedpoint import FixedPoint, tensor_maxima
+
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(100, generator=gen) * 10 ** torch.randint(-8, 3, (100,), generator=gen) for _ in range(12)]
+    fixed = FixedPoint([60, 40], micro_batches=12)
+    maxima = torch.stack([tensor_maxima([g[:60], g[60:]]) for g in grads]).max(dim=0).values
+    assert not fixed.fits(maxima)  # no scales yet: the first step measures them
+    fixed.rescale(maxima)
+    assert fixed.fits(maxima)
+    integers = [fixed.to_integers(g) for g in grads]
+    by_three = sum((sum(integers[i:i + 4]) for i in range(0, 12, 4)), torch.zeros(100, dtype=torch.int64))
+    in_order = sum(integers, torch.zeros(100, dtype=torch.int64))
+    assert torch.equal(by_three, in_order)
+    mean = fixed.to_floats(in_order, 12)
+    assert torch.allclose(mean, torch.stack(grads).mean(dim=0), rtol=1e-6, atol=0)
+    # A gradient 2**9 times larger than the scales allow is caught, not wrapped around.
+    assert not fixed.fits(maxima * 2 ** 9)
