@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from common.compare import stats, tables
 from common.compare.arguments import world_sizes
 
-from .jobs import JobFailed, run_cli, run_job, worker_command
+from .jobs import add_places, JobFailed, run_cli, run_job, worker_command
 from .machine import Record, publish
 
 MODELS = {"convnet": 32, "resnet18": 64}
@@ -150,8 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-distance", dest="distance", action="store_false",
                    help="skip the two default trainings (minutes)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before one run is stopped")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--work", type=Path, default=Path("runs/bench-exact"), help="run directories (not kept in git)")
+    add_places(p, "runs/bench-exact")
     return p
 
 

@@ -3,6 +3,7 @@ under a registered launcher, and running one job, or several at once, with its o
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -13,6 +14,12 @@ from typing import Dict, List, Optional, Sequence
 from common import launch
 
 from .machine import REPO
+
+
+def add_places(parser: argparse.ArgumentParser, work: str) -> None:
+    """--out (where the result goes, kept in git) and --work (the run directories, not kept)."""
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="where the JSON (and PNG) go")
+    parser.add_argument("--work", type=Path, default=Path(work), help="run directories (not kept in git)")
 
 
 def worker_command(launcher: str, np: int, module: str, args: Sequence[str]) -> List[str]:

@@ -27,7 +27,7 @@ from common import launch
 from common.compare import tables
 from common.rundir import events_so_far
 
-from .jobs import job_env, run_cli
+from .jobs import add_places, job_env, run_cli
 from .machine import REPO, Record, publish
 
 LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
@@ -97,8 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps-before", type=int, default=2, help="steps logged before the signal")
     p.add_argument("--timeout", type=float, default=300, help="seconds each phase may take before it fails")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--work", type=Path, default=Path("runs/bench-stop"), help="run directories (not kept in git)")
+    add_places(p, "runs/bench-stop")
     return p
 
 

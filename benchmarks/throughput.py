@@ -43,7 +43,7 @@ from common import launch
 from common.compare import arguments, stats, tables
 from common.config import build_parser as training_parser
 
-from .jobs import JobFailed, children_cpu_s, run_cli, run_job, run_jobs_together, worker_command
+from .jobs import add_places, JobFailed, children_cpu_s, run_cli, run_job, run_jobs_together, worker_command
 from .machine import Record, cores, figure_title, load_note, write_json
 
 #: label -> the launcher its runs are started with (common.launch)
@@ -160,8 +160,7 @@ def build_cli() -> argparse.ArgumentParser:
                         "bare-batched (the same loop on our batched data path), independent (no exchange), or none")
     p.add_argument("--sweep", type=parse_sweep, action="append", default=[], metavar="KNOB=v1,v2",
                    help="measure again for each value of a training option or environment variable (auto: unset)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="where the JSON and PNG go")
-    p.add_argument("--work", type=Path, default=Path("runs/bench"), help="run directories (not kept in git)")
+    add_places(p, "runs/bench")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before one run is stopped")
     return p
 

@@ -16,7 +16,8 @@ ARGS = ["--model", "mlp", "--epochs", "8", "--threads", "1", "--checkpoint-every
 STEPS_PER_EPOCH_2 = 23  # digits, batch 32, world size 2
 
 
-def test_elastic_job_loses_a_worker_and_finishes_from_the_last_commit(tmp_path):
+def elastic_job(tmp_path, args):
+    """horovodrun's elastic driver over two one-slot "hosts"; (the job, its run directory)."""
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
     discover = tmp_path / "discover.sh"
@@ -24,7 +25,12 @@ def test_elastic_job_loses_a_worker_and_finishes_from_the_last_commit(tmp_path):
     discover.chmod(0o755)
     run_dir = tmp_path / "elastic"
     job = Job([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
-               "--host-discovery-script", str(discover), PY, "-m", "hvd_train", *ARGS, "--run-dir", str(run_dir)])
+               "--host-discovery-script", str(discover), PY, "-m", "hvd_train", *args, "--run-dir", str(run_dir)])
+    return job, run_dir
+
+
+def test_elastic_job_loses_a_worker_and_finishes_from_the_last_commit(tmp_path):
+    job, run_dir = elastic_job(tmp_path, ARGS)
     # Kill once the end of the second epoch is on disk: rank 0 keeps a state in memory right after writing
     # its file, with no collective in between, so that epoch-end commit is there to go back to.
     second_epoch_end = run_dir / "checkpoints" / f"ckpt-{2 * STEPS_PER_EPOCH_2:09d}.pt"
@@ -62,14 +68,7 @@ def test_elastic_exact_job_continues_mid_epoch_at_another_world_size(tmp_path):
     # the worker dies a step or two after the mid-epoch commit at step 12, long before the next at 15.
     exact = ["--model", "mlp", "--dataset", "synthetic", "--image-size", "64", "--synthetic-samples", "960",
              "--reduction", "exact", "--epochs", "3", "--checkpoint-every", "3"]
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
-    run_dir = tmp_path / "elastic"
-    job = Job([str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
-               "--host-discovery-script", str(discover), PY, "-m", "hvd_train", *exact, "--run-dir", str(run_dir)])
+    job, run_dir = elastic_job(tmp_path, exact)
     mid_epoch = run_dir / "checkpoints" / f"ckpt-{12:09d}.pt"
     job.wait_until(mid_epoch.exists, f"never wrote {mid_epoch.name}")
     worker(str(run_dir), 1).kill()
