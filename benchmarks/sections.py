@@ -29,9 +29,10 @@ NAMES = {"torch-gloo": "torch gloo", "horovod-gloo": "Horovod/Gloo", "horovod-mp
          "bare-ddp-batched": "bare DDP (batched)", "independent": "independent N x 1"}
 #: the order of runs in a throughput table
 RUN_ORDER = ["bare-ddp", "bare-ddp-batched", "ddp", "horovod-gloo", "horovod-mpi", "independent"]
-#: environment knob -> (backend_options field with the value a run used, field saying who chose it, unit)
+#: swept knob -> (backend_options field with the value a run used, field saying who chose it or None, unit)
 KNOB_RECORDS = {"HOROVOD_CYCLE_TIME": ("cycle_time_ms", "cycle_time_source", " ms"),
-                "OMPI_MCA_mpi_yield_when_idle": ("mpi_yield_when_idle", "mpi_yield_source", "")}
+                "OMPI_MCA_mpi_yield_when_idle": ("mpi_yield_when_idle", "mpi_yield_source", ""),
+                "deterministic": ("fusion_threshold_bytes", None, " B fusion threshold")}
 #: what gets printed where a result file has not been written yet
 MISSING_FILE = "_Not measured yet: `benchmarks/run_all.sh` writes `{path}`._"
 
@@ -446,7 +447,7 @@ def _knob_used(case: Dict, knob: Optional[str]) -> str:
         return tables.MISSING
     value = options[value_field]
     shown = f"{value:g}{unit}" if isinstance(value, float) else f"{value}{unit}"
-    return f"{shown} ({options[source_field]})" if options.get(source_field) else shown
+    return f"{shown} ({options[source_field]})" if source_field and options.get(source_field) else shown
 
 
 COLUMNS = ("samples", "scaling", "comm", "cpu")
@@ -627,8 +628,8 @@ def exact_cost_tables(results: Results, name: str) -> str:
         far = result.get("distance")
         if far:
             scores = ", ".join(f"{mode} {top1:.4f}" for mode, top1 in far["val_top1"].items())
-            text += (f"\n\nAfter the default training ({far['settings']}) at {far['world_size']} ranks, the two modes' "
-                     f"weights differ by at most {far['max_abs_weight_diff']:.2e} (largest weight "
+            text += (f"\n\nAfter a full default run in each mode at {far['world_size']} ranks (settings: "
+                     f"{far['settings']}), the two modes' weights differ by at most {far['max_abs_weight_diff']:.2e} (largest weight "
                      f"{far['largest_weight']:.2f}); val top-1: {scores}.")
         return text + _failures(result)
 
