@@ -2,8 +2,9 @@
 # Build a Horovod wheel from its PyPI source against the torch in the given interpreter.
 #   build_horovod.sh PYTHON VERSION {cpu|nccl} OUT_DIR
 # Horovod 0.28.1 (its last release) predates torch 2.14; the patches below are the minimum
-# that make it build, each explained where it is applied, and one that keeps horovodrun's
-# rendezvous on the address its workers use (loopback for a one-host job).
+# that make it build, each explained where it is applied, and two for horovodrun: its rendezvous
+# listens on the address its workers use (loopback for a one-host job), and a stopped job's workers get
+# the time torchrun gives them to finish a step and write a checkpoint.
 set -euo pipefail
 PY="$1"; VERSION="$2"; FLAVOUR="$3"; OUT="$4"
 
@@ -35,12 +36,17 @@ edits = [
      "def start(self, handler_cls=RendezvousHandler, host=''):"),
     ("http/http_server.py", "addr, handler_cls, self._verbose))", "addr, handler_cls, self._verbose), host)"),
     ("gloo_run.py", "global_rendezv_port = rendezvous.start()", "global_rendezv_port = rendezvous.start(host=server_ip)"),
+    # A stopped horovodrun (Ctrl-C, SIGTERM, a failed worker) sends its workers SIGTERM and kills them 5 s
+    # later, less than one step of a large model; 30 s is torchrun's grace. HOROVOD_GRACEFUL_TERMINATION_TIME_S
+    # sets another.
+    ("common/util/safe_shell_exec.py", "GRACEFUL_TERMINATION_TIME_S = 5",
+     "GRACEFUL_TERMINATION_TIME_S = float(os.environ.get('HOROVOD_GRACEFUL_TERMINATION_TIME_S', '30'))"),
 ]
 for name, old, new in edits:
     path = src / name
     text = path.read_text()
     if text.count(old) != 1:
-        sys.exit(f"rendezvous bind patch: {old!r} not found exactly once in {path}")
+        sys.exit(f"horovodrun patch: {old!r} not found exactly once in {path}")
     path.write_text(text.replace(old, new))
 PYEOF
 
