@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import time
@@ -53,6 +54,7 @@ def measure(name: str, np: int, train_args: List[str], work: Path, steps_before:
     """One launcher: start, wait for `steps_before` steps, Ctrl-C, time the end."""
     launcher = launch.get(name)
     run_dir = work / name
+    shutil.rmtree(run_dir, ignore_errors=True)  # a previous run's steps must not count as this one's
     cmd = launcher.command(np, [*train_args, "--log-every", "1", "--run-dir", str(run_dir)])
     with launch.Job(cmd, env=job_env(), cwd=REPO, log=work / f"{name}.log") as job:
         if not job.wait_until(lambda: len([e for e in events_so_far(run_dir) if e["event"] == "step"]) >= steps_before,
@@ -62,6 +64,9 @@ def measure(name: str, np: int, train_args: List[str], work: Path, steps_before:
         steps = [e for e in events_so_far(run_dir) if e["event"] == "step"]
         step_s = max(e["step_s"] for e in steps[1:]) if len(steps) > 1 else steps[0]["step_s"]
         ranks = _ranks(job, launcher.module)
+        if len(ranks) != np:
+            job.stop()
+            raise RuntimeError(f"{name}: found {len(ranks)} training processes, expected {np}")
         sent = time.monotonic()
         os.killpg(job.pid, signal.SIGINT)
         ranks_s = None
