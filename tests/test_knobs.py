@@ -202,3 +202,15 @@ def test_open_mpi_settings_follow_the_job_unless_the_user_sets_them(runs):
     assert (backend["mpi_yield_when_idle"], backend["mpi_yield_source"]) == ("0", "environment")
     gloo = mlp_run(runs, "horovodrun-gloo").run["config"]["backend"]
     assert (gloo["mpi_yield_when_idle"], gloo["mpi_yield_source"], gloo["mpi_btl"]) == (None, None, None)
+
+
+def test_deterministic_horovod_repeats_its_bits_at_3_ranks(runs):
+    """--deterministic: Horovod reduces every tensor alone (no fusion, whose grouping follows timing), so two
+    runs at 3 ranks, where the grouping of a sum changes its bits, end with the same weights."""
+    args = CONVNET_ADAM + ["--max-steps", "12", "--deterministic"]
+    first = runs("horovodrun-gloo", 3, args).run
+    again = runs("horovodrun-gloo", 3, args + ["--log-every", "2"]).run  # another launch, the same numbers
+    assert first["summary"]["weights_sha256"] == again["summary"]["weights_sha256"]
+    backend = first["config"]["backend"]
+    assert first["config"]["config"]["deterministic"] is True
+    assert backend["deterministic"] is True and backend["fusion_threshold_bytes"] == 0
