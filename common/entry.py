@@ -24,13 +24,15 @@ def main(argv: Optional[Sequence[str]], prog: str, description: str,
 def _parse_holding_sigterm(argv: Optional[Sequence[str]], prog: str, description: str):
     """parse_config, with SIGTERM held until it is done: a launcher that sees one rank fail stops the
     others at once (horovodrun sends SIGTERM), and each rank must still name bad input itself (exit 2).
-    A SIGTERM held over good options is delivered right after."""
+    A SIGTERM held over good options is delivered right after; after bad ones the rank exits with 2."""
     held = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
     try:
         config = parse_config(argv, prog=prog, description=description)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    except SystemExit:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the error is printed: exit with its code, not 143
+        raise
+    signal.signal(signal.SIGTERM, previous)
     if held:
         os.kill(os.getpid(), signal.SIGTERM)
     return config
