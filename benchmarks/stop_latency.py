@@ -22,8 +22,6 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-import psutil
-
 from common import launch
 from common.compare import tables
 from common.rundir import events_so_far
@@ -34,19 +32,6 @@ from .machine import REPO, Record, publish
 LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
 #: what the job must meet: every rank gone within this much after the signal, plus one step
 BOUND_S = 15.0
-
-
-def _ranks(job: launch.Job, module: str) -> List[psutil.Process]:
-    """The training processes of a job (python -m MODULE), not its launcher or shells."""
-    found = []
-    for proc in job.family():
-        try:
-            cmd = proc.cmdline()
-        except psutil.Error:
-            continue
-        if "-m" in cmd[1:4] and cmd[cmd.index("-m") + 1] == module:
-            found.append(proc)
-    return found
 
 
 def measure(name: str, np: int, train_args: List[str], work: Path, steps_before: int,
@@ -63,7 +48,7 @@ def measure(name: str, np: int, train_args: List[str], work: Path, steps_before:
             raise RuntimeError(f"{name}: no {steps_before} steps within {timeout_s:.0f} s:\n{job.output[-2000:]}")
         steps = [e for e in events_so_far(run_dir) if e["event"] == "step"]
         step_s = max(e["step_s"] for e in steps[1:]) if len(steps) > 1 else steps[0]["step_s"]
-        ranks = _ranks(job, launcher.module)
+        ranks = [proc for proc in job.family() if launch.runs_module(proc, [launcher.module])]
         if len(ranks) != np:
             job.stop()
             raise RuntimeError(f"{name}: found {len(ranks)} training processes, expected {np}")

@@ -91,19 +91,11 @@ class RunDir:
         if not self.is_main:
             return
         os.makedirs(self.path, exist_ok=True)
-        path = os.path.join(self.path, METRICS_FILE)
-        kept = []
-        if keep_until_step is not None and os.path.exists(path):
-            with open(path) as f:
-                for line in f:
-                    try:
-                        event = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue  # a line cut short by a crash
-                    if event.get("event") != "summary" and event.get("step", 0) <= keep_until_step:
-                        kept.append(line if line.endswith("\n") else line + "\n")
-        self._metrics = open(path, "w", buffering=1)
-        self._metrics.writelines(kept)
+        kept = [] if keep_until_step is None else [  # a line cut short by a crash is left out
+            event for event in events_so_far(self.path)
+            if event.get("event") != "summary" and event.get("step", 0) <= keep_until_step]
+        self._metrics = open(os.path.join(self.path, METRICS_FILE), "w", buffering=1)
+        self._metrics.writelines(json.dumps(event, sort_keys=True) + "\n" for event in kept)
         if self.tensorboard:
             from .tensorboard_log import TensorBoardSink
 

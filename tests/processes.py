@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from common.launch import Job as LaunchedJob, still_running
+from common.launch import Job as LaunchedJob, runs_module, still_running
 from common.rundir import events_so_far
 from launch import REPO, job_env
 
@@ -76,10 +76,7 @@ def rank_of(proc: psutil.Process):
 
 def worker(marker: str, rank: int) -> psutil.Process:
     for proc in job_processes(marker):
-        cmd = proc.cmdline()
-        # The training interpreter itself: python -m ddp_train|hvd_train (not a launcher or shell).
-        head = cmd[1:4]  # torchrun adds -u before -m
-        if "-m" in head and cmd[cmd.index("-m") + 1] in ("ddp_train", "hvd_train") and rank_of(proc) == rank:
+        if runs_module(proc, ("ddp_train", "hvd_train")) and rank_of(proc) == rank:
             return proc
     raise AssertionError(f"no worker of rank {rank} found")
 

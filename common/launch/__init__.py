@@ -7,9 +7,9 @@ through them, and telling, inside a process, which launcher and rank it runs und
   `default_threads`.
 """
 
-from .jobs import Job, JobTimeout, Result, job_env, run, still_running
+from .jobs import Job, JobTimeout, Result, job_env, run, runs_module, still_running
 from .placement import Placement, cores, default_threads, detect, rank_hint
 from .registry import Launcher, find, get, launchers
 
-__all__ = ["Job", "JobTimeout", "Result", "job_env", "run", "still_running", "Placement", "cores", "default_threads", "detect",
-           "rank_hint", "Launcher", "find", "get", "launchers"]
+__all__ = ["Job", "JobTimeout", "Result", "job_env", "run", "runs_module", "still_running", "Placement", "cores",
+           "default_threads", "detect", "rank_hint", "Launcher", "find", "get", "launchers"]

@@ -170,6 +170,17 @@ class Job:
             self.stop(grace_s=5.0)
 
 
+def runs_module(proc: psutil.Process, modules: Sequence[str]) -> bool:
+    """Whether `proc` is a Python interpreter running `python [-u] -m MODULE` for one of `modules` (a rank,
+    not its launcher or a shell around it); False for a process that is gone."""
+    try:
+        cmd = proc.cmdline()
+    except psutil.Error:
+        return False
+    head = cmd[1:4]  # torchrun adds -u before -m
+    return "-m" in head and cmd.index("-m") + 1 < len(cmd) and cmd[cmd.index("-m") + 1] in modules
+
+
 def still_running(procs: Sequence[psutil.Process]) -> List[psutil.Process]:
     """Those of `procs` still running: an exited rank its launcher has not reaped yet (a zombie) has ended."""
     running = []
