@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from .launch.placement import rank_hint
 
@@ -70,6 +70,32 @@ def positive_float(text: str) -> float:
     return value
 
 
+def factory_or(builtins: Sequence[str], what: str) -> Callable[[str], str]:
+    """An argparse `type` for --model/--dataset: one of `builtins` or a factory's import path
+    (package.module:function, or torchvision:NAME for models)."""
+
+    def parse(text: str) -> str:
+        if text in builtins:
+            return text
+        if ":" in text:
+            module, _, attribute = text.partition(":")
+            if all(part.isidentifier() for part in module.split(".")) and attribute.isidentifier():
+                return text
+            raise argparse.ArgumentTypeError(f"{text!r} is not an import path; write package.module:function")
+        raise argparse.ArgumentTypeError(f"unknown {what} {text!r}; choose one of {', '.join(builtins)}, or name "
+                                         "your own as package.module:function")
+
+    return parse
+
+
+def key_value(text: str) -> str:
+    """KEY=VALUE with KEY a Python identifier (the value is read as a Python literal when the model is built)."""
+    key, sep, _ = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. depth=4, dropout=0.1)")
+    return text
+
+
 def non_negative_float(text: str) -> float:
     """A float >= 0."""
     value = float(text)
@@ -80,17 +106,18 @@ def non_negative_float(text: str) -> float:
 
 def option(default: Any, group: str, help: str, *, parse: Optional[Callable[[str], Any]] = None,
            choices: Optional[Sequence[str]] = None, metavar: Optional[str] = None, doc: Optional[str] = None,
-           doc_default: Optional[str] = None):
+           doc_default: Optional[str] = None, repeat: bool = False):
     """Declare one option: a dataclass field whose metadata the parser and the docs are built from.
 
     `parse` converts and checks the command-line text (default: the field's type); a bool field is a
-    flag. `doc` is the longer text of the docs' table (default: `help`); `doc_default` replaces the
-    default shown there when the real one is computed at run time.
+    flag; a `repeat` option may be given several times and holds a tuple of its values. `doc` is the longer
+    text of the docs' table (default: `help`); `doc_default` replaces the default shown there when the
+    real one is computed at run time.
     """
     assert group in GROUPS, group
     return dataclasses.field(default=default, metadata={
         "group": group, "help": help, "parse": parse, "choices": tuple(choices) if choices else None,
-        "metavar": metavar, "doc": doc, "doc_default": doc_default})
+        "metavar": metavar, "doc": doc, "doc_default": doc_default, "repeat": repeat})
 
 
 @dataclass(frozen=True)
@@ -98,24 +125,37 @@ class Config:
     """Every setting of a training run. Both backends read exactly these fields."""
 
     # data
-    dataset: str = option("digits", "data", "digits is embedded (scikit-learn's handwritten digits, no files needed)",
-                          choices=DATASETS, doc=(
+    dataset: str = option("digits", "data", "digits is embedded (scikit-learn's handwritten digits, no files "
+                                            "needed); or package.module:function returning (train, val)",
+                          parse=factory_or(DATASETS, "dataset"), metavar="{" + ",".join(DATASETS) + "}|MODULE:FUNCTION",
+                          doc=(
                               "`digits` is scikit-learn's handwritten digits (8x8, shipped inside the wheel: no files, "
                               "no network); `synthetic` is a seeded learnable task of any shape (`--image-size`, "
-                              "`--synthetic-samples`), for throughput; the others read `--data-dir`"))
+                              "`--synthetic-samples`), for throughput; `mnist`, `cifar10`, `imagefolder` read "
+                              "`--data-dir`; `package.module:function` is yours, called as `function(data_dir=, "
+                              "seed=)` and returning `(train, val)` (see docs/your-model-and-data.md)"))
     data_dir: Optional[str] = option(None, "data", "folder holding the dataset files (mnist, cifar10, imagefolder); "
                                      "never downloaded", doc=(
                                          "files for `mnist` (`MNIST/raw/*-ubyte`), `cifar10` (`cifar-10-batches-py/`), "
                                          "`imagefolder` (`train/<class>/`, `val/<class>/`). Nothing is ever downloaded"))
-    image_size: Optional[int] = option(None, "data", "synthetic: side of the square images (default 8); "
-                                       "imagefolder: resize to this (default 224)", parse=positive_int)
+    image_size: Optional[int] = option(None, "data", "synthetic: side of the square images (default: the model's, "
+                                                     "224 for ImageNet models, else 8); imagefolder: resize to this "
+                                                     "(default 224)", parse=positive_int)
     synthetic_samples: int = option(2048, "data", "number of samples of the synthetic dataset", parse=positive_int)
     workers: int = option(0, "data", "DataLoader worker processes per rank", parse=non_negative_int)
     # model
-    model: str = option("convnet", "model", "the network to train", choices=MODELS, doc=(
+    model: str = option("convnet", "model", "the network to train: a built-in, torchvision:NAME, or "
+                                            "package.module:function returning a torch.nn.Module",
+                        parse=factory_or(MODELS, "model"),
+                        metavar="{" + ",".join(MODELS) + "}|torchvision:NAME|MODULE:FUNCTION", doc=(
         "`convnet`: the classic MNIST ConvNet (two conv-BN-ReLU-pool blocks + linear); `mnist_net`: PyTorch's MNIST "
-        "example net (with dropout); ResNets from torchvision, random init; `mlp`: tiny, for tests. Channels, image "
-        "size and classes follow the dataset"))
+        "example net (with dropout); ResNets from torchvision, random init; `mlp`: tiny, for tests; "
+        "`torchvision:NAME`: any torchvision classification model, random init; `package.module:function`: yours, "
+        "called as `function(num_classes=, channels=, image_size=, **model_args)` (see "
+        "docs/your-model-and-data.md). Channels, image size and classes follow the dataset"))
+    model_arg: Tuple[str, ...] = option((), "model", "KEY=VALUE keyword argument of the model's builder (a Python "
+                                                     "literal, else a string); repeat for more",
+                                        parse=key_value, metavar="KEY=VALUE", repeat=True, doc_default="none")
     pretrained: bool = option(False, "model", "pretrained torchvision weights (not available offline: refused "
                                               "with a message)")
     # optimisation
@@ -229,9 +269,11 @@ class OneLineParser(argparse.ArgumentParser):
         fail_usage(self.prog, f"{message} (see --help)")
 
 
-#: how long a rank started by a launcher lingers after its error line before exiting: on a loaded
-#: machine a sibling's Python start-up can lag by more than a second
-SIBLING_GRACE_S = 5.0
+#: a rank started by a launcher that finds bad input lingers until it has lived this long before exiting:
+#: on a loaded machine a sibling's Python start-up can lag by more than a second, and a sibling must reach
+#: its own checks (holding SIGTERM, see common.sigterm_hold) before the launcher stops it
+SIBLING_GRACE_S = 4.0
+STARTED = time.monotonic()
 
 
 def print_error(line: str) -> None:
@@ -253,7 +295,8 @@ def fail_usage(prog: str, message: str) -> NoReturn:
         # A launcher that stops this rank while it lingers (after a sibling exited) still sees exit code 2.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: os._exit(2))
-        time.sleep(SIBLING_GRACE_S)
+        time.sleep(max(0.0, SIBLING_GRACE_S - (time.monotonic() - STARTED)))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # nor while the interpreter shuts down
     sys.exit(2)
 
 
@@ -267,6 +310,8 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
         kwargs: Dict[str, Any] = {"default": field.default, "help": meta["help"], "dest": field.name}
         if field.type in (bool, "bool"):
             kwargs["action"] = "store_true"
+        elif meta["repeat"]:
+            kwargs.update(action="append", type=meta["parse"] or str, default=None, metavar=meta["metavar"])
         else:
             kwargs["type"] = meta["parse"] or str
             if meta["choices"]:
@@ -302,7 +347,11 @@ def options_markdown() -> str:
 def parse_config(argv: Optional[Sequence[str]], prog: str, description: str) -> Config:
     """Parse and check the command line; bad input exits with one line and code 2."""
     args = build_parser(prog, description).parse_args(argv)
-    config = Config(**vars(args))
+    values = vars(args)
+    for field in options():
+        if field.metadata["repeat"]:
+            values[field.name] = tuple(values[field.name] or ())
+    config = Config(**values)
     given = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")}
     try:
         if config.global_batch is not None and "--batch-size" in given:

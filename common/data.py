@@ -16,6 +16,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSamp
                               Subset, TensorDataset)
 
 from .config import Config, UsageError, check_config
+from .plugins import article, describe_exception, is_factory, load
 
 VAL_FRACTION = 0.2
 #: a synthetic set of at most this many bytes is generated once and kept in memory
@@ -24,11 +25,13 @@ SYNTHETIC_KEEP_BYTES = 128 * 2**20
 
 @dataclass(frozen=True)
 class DataInfo:
-    """Shape of the samples a dataset yields, which the model adapts to."""
+    """Shape of the samples a dataset yields, which the model adapts to; for a dataset made by a factory,
+    where it came from (import path, source file, SHA-256)."""
 
     channels: int
     image_size: int
     num_classes: int
+    factory: Optional[Dict] = None
 
 
 def _seeded_split(dataset: Dataset, seed: int) -> Tuple[Subset, Subset]:
@@ -102,8 +105,8 @@ class SyntheticImages(Dataset):
         return self.prototypes[self.labels[indices]] + 1.5 * noise
 
 
-def _synthetic(config: Config):
-    size = config.image_size or 8
+def _synthetic(config: Config, natural_image_size: int):
+    size = config.image_size or natural_image_size
     data = SyntheticImages(config.synthetic_samples, 3, size, 10, config.seed)
     train, val = _seeded_split(data, config.seed)
     return train, val, DataInfo(3, size, 10)
@@ -196,14 +199,91 @@ DATASET_BUILDERS: Dict[str, Callable] = {
 }
 
 
-def open_datasets(config: Config):
-    """(train, validation, DataInfo) for the configured dataset; UsageError when unusable."""
+def open_datasets(config: Config, natural_image_size: int = 8):
+    """(train, validation, DataInfo) for the configured dataset; UsageError when unusable.
+    `natural_image_size` is the side synthetic images take without --image-size (the model's)."""
+    if is_factory(config.dataset):
+        return _from_factory(config)
     if config.dataset not in DATASET_BUILDERS:
-        raise UsageError(f"unknown dataset {config.dataset!r}; choose one of {', '.join(DATASET_BUILDERS)}")
-    train, val, info = DATASET_BUILDERS[config.dataset](config)
+        raise UsageError(f"unknown dataset {config.dataset!r}; choose one of {', '.join(DATASET_BUILDERS)} or "
+                         "package.module:function")
+    builder = DATASET_BUILDERS[config.dataset]
+    train, val, info = builder(config, natural_image_size) if builder is _synthetic else builder(config)
     if len(train) == 0 or len(val) == 0:
         raise UsageError(f"dataset {config.dataset} has an empty train or validation split; add samples")
     return train, val, info
+
+
+def _from_factory(config: Config):
+    """--dataset package.module:function: called as function(data_dir=, seed=), it returns (train, val), two
+    map-style datasets of (input tensor, int label) of one fixed input shape."""
+    factory = load(config.dataset, "--dataset")
+    made = factory.call(data_dir=config.data_dir, seed=config.seed)
+    name = f"--dataset {config.dataset}"
+    if not (isinstance(made, (tuple, list)) and len(made) == 2):
+        raise UsageError(f"{name} returned {_kind(made)}; return (train, val), two map-style datasets")
+    shapes = []
+    for split, dataset in zip(("train", "val"), made):
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise UsageError(f"{name}: its {split} set is {_kind(dataset)}, not a map-style dataset (__getitem__ "
+                             "and __len__)")
+        if len(dataset) == 0:
+            raise UsageError(f"{name}: its {split} set is empty; add samples")
+        shapes.append(_sample_shape(name, split, dataset))
+    if shapes[0] != shapes[1]:
+        raise UsageError(f"{name}: train inputs have shape {tuple(shapes[0])}, val inputs {tuple(shapes[1])}; "
+                         "give both one shape")
+    train, val = made
+    shape = shapes[0]
+    channels = shape[0] if len(shape) >= 2 else 1
+    image_size = shape[-1] if len(shape) >= 1 else 1
+    return train, val, DataInfo(channels, image_size, _num_classes(name, train), factory.record())
+
+
+def _kind(value) -> str:
+    """'an int', 'a list of 3': what a factory gave instead of what it should."""
+    return article(value) + (f" of {len(value)}" if isinstance(value, (tuple, list)) else "")
+
+
+def _sample_shape(name: str, split: str, dataset) -> torch.Size:
+    """The input shape of a dataset's first sample, after checking the sample is (tensor, int label)."""
+    try:
+        sample = dataset[0]
+    except Exception as exc:  # noqa: BLE001 - reading a sample is the user's code
+        raise UsageError(f"{name}: reading {split}[0] raised {describe_exception(exc)}") from None
+    if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
+        raise UsageError(f"{name}: {split}[0] is {_kind(sample)}; each sample must be (input tensor, int label)")
+    inputs, label = sample
+    if not isinstance(inputs, torch.Tensor):
+        raise UsageError(f"{name}: {split}[0]'s input is a {type(inputs).__name__}; make it a torch.Tensor")
+    if not _is_label(label):
+        raise UsageError(f"{name}: {split}[0]'s label is {label!r} ({type(label).__name__}); make it an int class "
+                         "index")
+    return inputs.shape
+
+
+def _is_label(label) -> bool:
+    """An int class index: a Python int or a 0-d integer tensor (TensorDataset's), not a bool or a float."""
+    if isinstance(label, torch.Tensor):
+        return label.dim() == 0 and not label.is_floating_point() and not label.is_complex() \
+            and label.dtype != torch.bool
+    return isinstance(label, int) and not isinstance(label, bool)
+
+
+def _num_classes(name: str, train) -> int:
+    """The number of classes: len(train.classes) or train.num_classes when the dataset says, else the largest
+    training label + 1 (read through every sample once)."""
+    if getattr(train, "classes", None) is not None:
+        return len(train.classes)
+    if isinstance(getattr(train, "num_classes", None), int):
+        return train.num_classes
+    if fetches_whole_batches(train):
+        labels = train[list(range(len(train)))][1]
+    else:
+        labels = torch.tensor([int(train[i][1]) for i in range(len(train))])
+    if int(labels.min()) < 0:
+        raise UsageError(f"{name}: a training label is {int(labels.min())}; labels are class indices 0..C-1")
+    return int(labels.max()) + 1
 
 
 class ShardedValidation(Subset):

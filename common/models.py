@@ -1,12 +1,17 @@
-"""Model registry. Every model adapts to the dataset's channels, image size and classes."""
+"""Model registry: the built-ins, torchvision:NAME and package.module:function. Every model adapts to the
+dataset's channels, image size and classes."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .config import UsageError
+from .plugins import TORCHVISION, Factory, article, is_factory, load, torchvision_factory
 
 
 class MLP(nn.Module):
@@ -88,24 +93,78 @@ MODEL_BUILDERS: Dict[str, Callable[[int, int, int], nn.Module]] = {
 
 #: smallest input side each model accepts
 MIN_IMAGE_SIZE = {"mlp": 1, "convnet": 4, "mnist_net": 6, "resnet18": 32, "resnet50": 32}
+#: the input side --dataset synthetic takes when --image-size is not given: ImageNet's for ImageNet models (as
+#: Horovod's synthetic benchmark and pytorch/examples' --dummy do), the embedded digits' for the small ones
+NATURAL_IMAGE_SIZE = {"mlp": 8, "convnet": 8, "mnist_net": 8, "resnet18": 224, "resnet50": 224}
+TORCHVISION_IMAGE_SIZE = 224
+USER_IMAGE_SIZE = 8
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """What --model names: a built-in or a factory (torchvision's or the user's), ready to build."""
+
+    name: str
+    build: Callable[..., nn.Module]  # (num_classes=, channels=, image_size=, **model_args) -> Module
+    factory: Optional[Factory]  # None for a built-in
+    natural_image_size: int
+
+    def record(self) -> Optional[Dict]:
+        """Import path, source file and SHA-256 of a factory; None for a built-in."""
+        return self.factory.record() if self.factory else None
+
+
+def choose_model(name: str) -> ModelChoice:
+    """Resolve --model: a built-in name, torchvision:NAME or package.module:function (imported now);
+    UsageError naming the problem."""
+    if name in MODEL_BUILDERS:
+        builder = MODEL_BUILDERS[name]
+
+        def build(num_classes: int, channels: int, image_size: int, **model_args) -> nn.Module:
+            try:
+                return builder(channels, image_size, num_classes, **model_args)
+            except TypeError as exc:
+                if not model_args:
+                    raise
+                raise UsageError(f"--model-arg {', '.join(model_args)}: --model {name} does not take it ({exc}); "
+                                 "drop it") from None
+
+        return ModelChoice(name, build, None, NATURAL_IMAGE_SIZE[name])
+    if not is_factory(name):
+        raise UsageError(f"unknown model {name!r}; choose one of {', '.join(MODEL_BUILDERS)}, torchvision:NAME or "
+                         "package.module:function")
+    module, _, attribute = name.partition(":")
+    if module == TORCHVISION:
+        factory = torchvision_factory(attribute)
+        return ModelChoice(name, factory.call, factory, TORCHVISION_IMAGE_SIZE)
+    factory = load(name, "--model")
+    return ModelChoice(name, factory.call, factory, USER_IMAGE_SIZE)
 
 
 def check_model_fits(name: str, image_size: int) -> None:
-    """Raise ValueError (with the fix) when the model cannot take images of this size."""
-    if name not in MODEL_BUILDERS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_BUILDERS)}")
+    """Raise ValueError (with the fix) when a built-in model cannot take images of this size (a factory's
+    model is checked by running it, see common.modelcheck)."""
+    if name not in MIN_IMAGE_SIZE:
+        return
     if image_size < MIN_IMAGE_SIZE[name]:
         raise ValueError(f"--model {name} needs images of at least {MIN_IMAGE_SIZE[name]}x"
                          f"{MIN_IMAGE_SIZE[name]}, the dataset gives {image_size}x{image_size}; "
                          f"pass --image-size or pick another model")
 
 
-def build_model(name: str, channels: int, image_size: int, num_classes: int, seed: int) -> nn.Module:
-    """Build a model with weights drawn from `seed`, identical on every rank and backend."""
-    check_model_fits(name, image_size)
+def build_model(model: Union[str, ModelChoice], channels: int, image_size: int, num_classes: int, seed: int,
+                model_args: Optional[Dict[str, Any]] = None) -> nn.Module:
+    """Build a model with weights drawn from `seed`, identical on every rank and backend. A factory that
+    raises or returns something other than a Module is a UsageError."""
+    choice = choose_model(model) if isinstance(model, str) else model
+    check_model_fits(choice.name, image_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MODEL_BUILDERS[name](channels, image_size, num_classes)
+        built = choice.build(num_classes=num_classes, channels=channels, image_size=image_size, **(model_args or {}))
+    if not isinstance(built, nn.Module):
+        raise UsageError(f"--model {choice.name} returned {article(built)}, not a torch.nn.Module; return "
+                         "the model itself")
+    return built
 
 
 def gradient_bytes(model: nn.Module) -> int:

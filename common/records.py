@@ -59,9 +59,11 @@ def command_line() -> str:
 
 
 def config_record(config: Config, backend: Backend, rank_hosts: List[str], threads: int, info: DataInfo,
-                  train_samples: int, val_samples: int, batches: Batches, precision: Dict, profile: Dict,
-                  resumed_from: Optional[str]) -> Dict:
-    """config.json: the resolved settings and everything about where and how the run ran."""
+                  model_factory: Optional[Dict], train_samples: int, val_samples: int, batches: Batches,
+                  precision: Dict, profile: Dict, resumed_from: Optional[str]) -> Dict:
+    """config.json: the resolved settings and everything about where and how the run ran. `factories` names
+    where a model or dataset given by import path came from (None for the built-ins)."""
+    factories = {"model": model_factory, "dataset": info.factory}
     return {
         "config": config.to_dict(),
         "backend": backend.describe(),
@@ -74,6 +76,7 @@ def config_record(config: Config, backend: Backend, rank_hosts: List[str], threa
         "device": str(backend.device),
         "dataset": {"train_samples": train_samples, "val_samples": val_samples, "channels": info.channels,
                     "image_size": info.image_size, "num_classes": info.num_classes},
+        "factories": factories,
         "steps_per_epoch": batches.steps_per_epoch,
         "total_steps": batches.total_steps,
         "global_batch": batches.global_batch,

@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from . import checkpoint as ckpt_io
+from . import sigterm_hold
 from .backend import Backend, Tuning
 from .batches import Batches
 from .checkpointing import Checkpointer
@@ -21,7 +22,9 @@ from .evaluation import evaluate
 from .finite import LossWatch, NonFinite, nonfinite_tensors, weights_message
 from .launch.placement import default_threads
 from .metrics import SumMeter
-from .models import build_model, check_model_fits, gradient_bytes
+from .modelcheck import check_trainable
+from .models import build_model, choose_model, gradient_bytes
+from .plugins import parse_literals
 from .optim import lr_at, make_optimizer, set_lr
 from .precision import Precision
 from .profiling import PROFILE_DIR, StepProfiler
@@ -123,8 +126,13 @@ class Trainer:
         config, backend = self.config, self.backend
         try:
             backend.check_environment()
-            self.train_set, self.val_set, self.info = open_datasets(config)
-            check_model_fits(config.model, self.info.image_size)
+            self.model_choice = choose_model(config.model)
+            self.train_set, self.val_set, self.info = open_datasets(config, self.model_choice.natural_image_size)
+            # Built before init: the backend may tune itself to the model's size (Horovod's cycle time).
+            self.model = build_model(self.model_choice, self.info.channels, self.info.image_size,
+                                     self.info.num_classes, config.seed, parse_literals(config.model_arg))
+            check_trainable(self.model, config.model, self.train_set, self.info.num_classes,
+                            exact=config.reduction == "exact")
             backend.select_device(config.device)
         except (UsageError, ValueError, RuntimeError) as exc:
             fail_usage(self.prog, str(exc))
@@ -136,9 +144,7 @@ class Trainer:
             fail_usage(self.prog, f"--resume {config.resume!r}: no such file; pass a checkpoint file or 'auto'")
         if config.amp == "fp16" and backend.device.type != "cuda":
             fail_usage(self.prog, AMP_FP16_NEEDS_CUDA)
-        # Built before init: the backend may tune itself to the model's size (Horovod's cycle time).
-        self.model = build_model(config.model, self.info.channels, self.info.image_size, self.info.num_classes,
-                                 config.seed)
+        sigterm_hold.release()  # the input is good: a launcher's SIGTERM stops this rank from now on
         backend.configure(Tuning(compression=config.compression, bucket_mb=config.bucket_mb,
                                  accumulate=config.accumulate, profile=config.profile > 0,
                                  gradient_bytes=gradient_bytes(self.model), deterministic=config.deterministic,
@@ -432,8 +438,8 @@ class Trainer:
         self.run_dir = RunDir(self.config.run_dir, self.backend.is_main, tensorboard=self.config.tensorboard)
         self.run_dir.open(keep_until_step=pos.step if pos.resumed_from else None)
         self.run_dir.write_json("config.json", config_record(
-            self.config, self.backend, rank_hosts, self.threads, self.info, len(self.train_set), len(self.val_set),
-            self.batches, self.precision.describe(), self.profiler.describe(), pos.resumed_from))
+            self.config, self.backend, rank_hosts, self.threads, self.info, self.model_choice.record(),
+            len(self.train_set), len(self.val_set), self.batches, self.precision.describe(), self.profiler.describe(), pos.resumed_from))
         for note in pos.notes:
             self.run_dir.log("note", step=pos.step, message=note)
 

@@ -50,9 +50,11 @@ def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return launch_layer.job_env(extra, python=PY)
 
 
-def run_cmd(cmd: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None) -> Result:
-    """Run a command as a job of its own from the repository; a run past `timeout` is stopped and fails."""
-    result = launch_layer.run(cmd, timeout=timeout, env=job_env(env), cwd=REPO)
+def run_cmd(cmd: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None,
+            cwd: Path = REPO) -> Result:
+    """Run a command as a job of its own (from the repository unless `cwd` says otherwise); a run past
+    `timeout` is stopped and fails."""
+    result = launch_layer.run(cmd, timeout=timeout, env=job_env(env), cwd=cwd)
     assert not result.timed_out, f"{' '.join(result.cmd)} did not finish in {timeout}s:\n{result.output[-4000:]}"
     return Result(**vars(result))
 

@@ -12,8 +12,8 @@ from launch import PY, command, launch, run_cmd
 BAD_INPUTS = {
     "missing-data-dir": (["--dataset", "mnist", "--data-dir", "/nonexistent/mnist"], "is not a directory"),
     "no-data-dir": (["--dataset", "cifar10"], "needs --data-dir"),
-    "unknown-model": (["--model", "transformer9000"], "invalid choice: 'transformer9000'"),
-    "unknown-dataset": (["--dataset", "imagenet21k"], "invalid choice: 'imagenet21k'"),
+    "unknown-model": (["--model", "transformer9000"], "unknown model 'transformer9000'"),
+    "unknown-dataset": (["--dataset", "imagenet21k"], "unknown dataset 'imagenet21k'"),
     "zero-batch": (["--batch-size", "0"], "--batch-size: must be a positive integer"),
 }
 PROGRAM = {"none-ddp": "ddp_train", "none-hvd": "hvd_train", "torchrun": "ddp_train", "horovodrun-gloo": "hvd_train",

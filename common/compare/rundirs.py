@@ -118,6 +118,26 @@ def setting_differences(runs: List[Run]) -> Dict[str, Dict[str, object]]:
     return out
 
 
+def factory_differences(runs: List[Run]) -> List[str]:
+    """One reason per model or dataset factory (given by import path) whose source differs between runs:
+    the same name over edited code is not the same model."""
+    reasons = []
+    for kind in ("model", "dataset"):
+        found = {run.name: (run.config.get("factories") or {}).get(kind) for run in runs}
+        sources = {json.dumps(record and [record.get("spec"), record.get("sha256")]) for record in found.values()}
+        if len(sources) > 1:
+            shown = ", ".join(f"{name}={_factory_text(record)}" for name, record in found.items())
+            reasons.append(f"{kind} factory differs ({shown})")
+    return reasons
+
+
+def _factory_text(record) -> str:
+    if not record:
+        return "built-in"
+    digest = (record.get("sha256") or "no source")[:12]
+    return f"{record.get('spec')} {record.get('source')} sha256 {digest}"
+
+
 def check_comparable(runs: List[Run]) -> List[str]:
     """Reasons these runs cannot be compared (empty when they can): a must-match setting that
     differs, or runs of one world size that took different numbers of steps."""
@@ -127,6 +147,7 @@ def check_comparable(runs: List[Run]) -> List[str]:
         if key in diffs:
             shown = ", ".join(f"{name}={value}" for name, value in diffs[key].items())
             reasons.append(f"{key} differs ({shown})")
+    reasons += factory_differences(runs)
     by_world: Dict[int, Dict[str, int]] = {}
     for run in runs:
         by_world.setdefault(run.world_size, {})[run.name] = run.summary.get("steps")

@@ -1,0 +1,41 @@
+"""SIGTERM held while a rank checks its input.
+
+A launcher that sees one rank fail stops the others at once (torchrun, horovodrun and mpirun send
+SIGTERM). Each rank must still find bad input itself and say so (one line, exit code 2), so from
+start-up until its checks are done a rank holds SIGTERM: a SIGTERM that arrives over good input is
+delivered right after the checks; after bad input the rank exits with 2, not 143.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import List, Optional
+
+_held: List[int] = []
+_previous: Optional[object] = None
+
+
+def hold() -> None:
+    """Hold SIGTERM from now until release()."""
+    global _previous
+    _held.clear()
+    _previous = signal.signal(signal.SIGTERM, lambda signum, frame: _held.append(signum))
+
+
+def release() -> None:
+    """The checks passed: restore SIGTERM's handler and deliver a SIGTERM that arrived meanwhile."""
+    global _previous
+    if _previous is None:
+        return
+    signal.signal(signal.SIGTERM, _previous)
+    _previous = None
+    if _held:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def ignore() -> None:
+    """The checks failed and the error is printed: exit with its code, whatever the launcher sends now."""
+    global _previous
+    _previous = None
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
