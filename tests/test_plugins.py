@@ -250,3 +250,16 @@ def test_bad_factory_under_horovodrun_exits_2_on_every_rank(folder, tmp_path):
     for rank in range(2):
         assert any(f"[rank {rank}] " in line and expected in line for line in errors), result.output[-3000:]
     assert _exit_codes("horovodrun-gloo", result.output) == {0: 2, 1: 2}, result.output[-3000:]
+
+
+def test_users_transformer_in_exact_mode_is_bitwise_equal_at_1_and_3_ranks_under_mpirun(folder, tmp_path):
+    args = [*PLUGINS, "--reduction", "exact", "--global-batch", "48", "--micro-batch", "8", "--max-steps", "3",
+            "--optimizer", "adam", "--lr", "0.01"]
+    weights = {}
+    for launcher, np in (("none-hvd", 1), ("mpirun", 3)):
+        run_dir = tmp_path / launcher
+        run_cmd(command(launcher, np, [*args, "--run-dir", str(run_dir)]), timeout=180, cwd=folder).check()
+        run = read_run(run_dir)
+        assert run["summary"]["steps"] == 3 and run["summary"]["world_size"] == np
+        weights[np] = run["summary"]["weights_sha256"]
+    assert weights[1] == weights[3]  # dropout included: exact mode draws it per micro-batch
