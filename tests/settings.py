@@ -8,7 +8,8 @@ COMMON = ["--dataset", "digits", "--batch-size", "32", "--epochs", "2", "--max-s
 # TensorBoard files and the progress bar change nothing in the numbers; the logging tests read them.
 MLP_SGD = COMMON + ["--model", "mlp", "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--tensorboard",
                     "--progress", "on"]
-CONVNET_ADAM = COMMON + ["--model", "convnet", "--optimizer", "adam", "--lr", "0.002", "--weight-decay", "0.01"]
+ADAM_LR = 0.002
+CONVNET_ADAM = COMMON + ["--model", "convnet", "--optimizer", "adam", "--lr", str(ADAM_LR), "--weight-decay", "0.01"]
 
 SINGLE = ("none-ddp", "none-hvd")
 TWO_RANK = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")

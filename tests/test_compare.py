@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from launch import PY, max_abs_diff, read_run, run_cmd
-from settings import convnet_run, mlp_run
+from settings import ADAM_LR, convnet_run, mlp_run
 
 PLOTS = ("curves.png", "throughput.png", "scaling_efficiency.png", "time_split.png", "parity.png")
 SHORT = ["--model", "mlp", "--epochs", "2", "--max-steps", "12", "--threads", "1"]
@@ -117,10 +117,13 @@ def test_runs_made_by_hand_with_torchrun_and_horovodrun(runs, tmp_path):
 
 
 def test_world_size_3_pair_is_equal_within_its_measured_gap(runs, tmp_path):
-    """A real pair that differs in the last bits: DDP and Horovod at 3 ranks."""
+    """A real pair that differs in the last bits: DDP and Horovod at 3 ranks. How far Adam carries those bits
+    in 30 steps changes from run to run (Horovod's fusion follows timing), so the tolerance is set above the
+    gap this pair measured; the report must give that gap."""
     ddp, hvd = convnet_run(runs, "torchrun", np=3), convnet_run(runs, "horovodrun-gloo", np=3)
     gap = max_abs_diff(ddp.run["model"], hvd.run["model"])
-    result = compare("--runs", ddp.dir, hvd.dir, "--out", tmp_path)
+    assert 0 < gap < 0.5 * ADAM_LR, gap  # apart by rounding, not trained differently
+    result = compare("--runs", ddp.dir, hvd.dir, "--out", tmp_path, "--tolerance", f"{max(1e-5, 2 * gap):.1e}")
     assert result.returncode == 0, result.output
     assert f"weights @3: ddp@3#1 vs horovod-gloo@3#1: equal within {gap:.1e}" in result.output
     assert re.search(rf"\*\*equal within {re.escape(f'{gap:.1e}')}\*\*", (tmp_path / "report.md").read_text())

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from launch import backend_of, launch, max_abs_diff, step_losses
-from settings import LAUNCHERS, TWO_RANK, convnet_run, mlp_run, processes
+from settings import ADAM_LR, LAUNCHERS, TWO_RANK, convnet_run, mlp_run, processes
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -77,11 +77,14 @@ def test_single_process_backends_identical(runs):
 
 def test_world_size_3_differs_only_by_the_order_of_the_sum(runs):
     """At 3 ranks DDP divides each gradient by 3 before the allreduce and Horovod after it, and they
-    group the sum differently: the weights differ in the last bits, not more."""
+    group the sum differently: the weights differ by rounding, not by training. Adam carries a last-bit
+    difference further than SGD, and how far changes from run to run (Horovod's fusion follows timing:
+    1e-7 to 3e-5 after these 30 steps), so the bound is half an Adam step (about lr per weight), far below
+    what a different training gives."""
     ddp, hvd = convnet_run(runs, "torchrun", np=3).run, convnet_run(runs, "horovodrun-gloo", np=3).run
     assert ddp["summary"]["world_size"] == hvd["summary"]["world_size"] == 3
     assert ddp["summary"]["weights_sha256"] != hvd["summary"]["weights_sha256"]
-    assert 0 < max_abs_diff(ddp["model"], hvd["model"]) < 1e-5
+    assert 0 < max_abs_diff(ddp["model"], hvd["model"]) < 0.5 * ADAM_LR
     assert step_losses(hvd) == pytest.approx(step_losses(ddp), rel=1e-4)
     assert ddp["config"]["backend"]["gradient_average"].startswith("divide by world size, then allreduce sum")
     assert hvd["config"]["backend"]["gradient_average"].startswith("allreduce sum, then scale by 1/world size")
