@@ -15,11 +15,7 @@ def main(argv: Optional[Sequence[str]], prog: str, description: str,
     Returns the process exit code. SIGTERM is held until the input is checked (the options here, the data
     and the model in Trainer.prepare), so every rank names bad input itself."""
     sigterm_hold.hold()
-    try:
-        config = parse_config(argv, prog=prog, description=description)
-    except SystemExit:
-        sigterm_hold.ignore()
-        raise
+    config = parse_config(argv, prog=prog, description=description)  # bad options: fail_usage exits 2
     from .train import run
 
     backend, fit = start()

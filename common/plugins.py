@@ -14,7 +14,6 @@ import hashlib
 import importlib
 import inspect
 import os
-import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -22,20 +21,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .config import UsageError
 
-SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 TORCHVISION = "torchvision"
 
 
 def is_factory(name: str) -> bool:
     """Whether an option value names a factory by import path (it has a colon) rather than a built-in."""
     return ":" in name
-
-
-def check_spec(text: str) -> str:
-    """`package.module:function` or `torchvision:NAME`; raises ValueError with the expected form otherwise."""
-    if not SPEC.match(text):
-        raise ValueError(f"{text!r} is not an import path; write package.module:function")
-    return text
 
 
 def parse_literals(pairs: Sequence[str]) -> Dict[str, Any]:
@@ -117,8 +108,8 @@ def article(value) -> str:
 
 
 def load(spec: str, option: str) -> Factory:
-    """Import `package.module:function` (the working directory first, as `python -m` does)."""
-    check_spec(spec)
+    """Import `package.module:function` (its form already checked by the option's parser; the working
+    directory first, as `python -m` does)."""
     module_name, attribute = spec.split(":")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from dataclasses import dataclass
@@ -93,6 +94,17 @@ class Runs:
             result = run_cmd(cmd, timeout=timeout).check()
             self.cache[key] = Launched(read_run(run_dir), result, run_dir)
         return self.cache[key]
+
+
+def rank_exit_codes(launcher: str, output: str) -> dict:
+    """Each rank's exit code, as the launcher (or, under Open MPI, the shell around each rank) reported it."""
+    if launcher == "torchrun":  # its failure summary: "rank : 1 (local_rank: 1)" then "exitcode : 2"
+        pairs = re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", output)
+    elif launcher == "horovodrun-gloo":
+        pairs = re.findall(r"Process (\d+) exit with status code (-?\d+)", output)
+    else:
+        pairs = re.findall(r"rank (\d+) exited (\d+)", output)
+    return {int(rank): int(code) for rank, code in pairs}
 
 
 def read_run(run_dir: Path) -> Dict:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from launch import PY, command, launch, run_cmd
+from launch import PY, command, launch, rank_exit_codes, run_cmd
 
 BAD_INPUTS = {
     "missing-data-dir": (["--dataset", "mnist", "--data-dir", "/nonexistent/mnist"], "is not a directory"),
@@ -38,17 +38,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, launcher, bad):
     assert not (tmp_path / "run").exists()
 
 
-def _exit_codes(launcher: str, output: str) -> dict:
-    """Each rank's exit code, as the launcher (or, under Open MPI, the shell around each rank) reported it."""
-    if launcher == "torchrun":  # its failure summary: "rank : 1 (local_rank: 1)" then "exitcode : 2"
-        pairs = re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", output)
-    elif launcher == "horovodrun-gloo":
-        pairs = re.findall(r"Process (\d+) exit with status code (-?\d+)", output)
-    else:
-        pairs = re.findall(r"rank (\d+) exited (\d+)", output)
-    return {int(rank): int(code) for rank, code in pairs}
-
-
 @pytest.mark.parametrize("bad", ["unknown-model", "missing-data-dir"])
 @pytest.mark.parametrize("launcher", ["torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun"])
 def test_bad_input_with_two_ranks_every_rank_prints_its_line_and_exits_2(tmp_path, launcher, bad):
@@ -71,7 +60,7 @@ def test_bad_input_with_two_ranks_every_rank_prints_its_line_and_exits_2(tmp_pat
     for rank in range(2):
         mine = [line for line in error_lines if re.search(rf"\[rank {rank}\] ", line)]
         assert len(mine) == 1 and expected in mine[0], f"rank {rank}:\n{result.output[-3000:]}"
-    assert _exit_codes(launcher, result.output) == {0: 2, 1: 2}, result.output[-3000:]
+    assert rank_exit_codes(launcher, result.output) == {0: 2, 1: 2}, result.output[-3000:]
     _no_traceback_of_ours(result.output)
     assert not (tmp_path / "run" / "summary.json").exists()
 
