@@ -122,7 +122,8 @@ class Backend(abc.ABC):
             self.liveness.close()
         self.liveness = Liveness(self.rank, lambda: self.current_step,
                                  single_host=self.local_world_size == self.world_size)
-        self.liveness.know(self.all_gather_object(self.liveness.address))
+        addresses, hosts = zip(*self.all_gather_object((self.liveness.address, self.host())))
+        self.liveness.know(addresses, hosts)
 
     def note_step(self, step: int) -> None:
         """Record the step this rank is on (what it answers to pings; must be cheap)."""

@@ -25,6 +25,7 @@ from importlib.metadata import entry_points
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import launch
+from .launch.hosts import is_local, local_addresses, parse_hosts, resolve
 
 SSH_CONNECT_TIMEOUT_S = 5
 ENTRY_POINT_GROUP = "hvd_ddp_compare.doctor"
@@ -46,49 +47,6 @@ class Check:
         if self.ok is False and self.fix:
             text += f"\n      fix: {self.fix}"
         return text
-
-
-# --- hosts -----------------------------------------------------------------------------------
-def parse_hosts(spec: str) -> List[Tuple[str, int]]:
-    """horovodrun's -H syntax, 'node0:4,node1:4' -> [('node0', 4), ('node1', 4)] (slots default 1)."""
-    hosts = []
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        name, _, slots = part.partition(":")
-        if not name or (slots and not slots.isdigit()) or (slots and int(slots) < 1):
-            raise ValueError(f"bad host entry {part!r} in -H {spec!r}; write host:slots, e.g. node0:4,node1:4")
-        hosts.append((name, int(slots) if slots else 1))
-    if not hosts:
-        raise ValueError(f"-H {spec!r} names no host; write host:slots, e.g. node0:4,node1:4")
-    return hosts
-
-
-def local_addresses() -> Dict[str, str]:
-    """Every address of this host's interfaces -> the interface's name."""
-    import psutil
-
-    return {a.address.split("%")[0]: name for name, addrs in psutil.net_if_addrs().items()
-            for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)}
-
-
-def resolve(host: str) -> List[str]:
-    """The addresses `host` resolves to here (IPv4 first), or [] when it does not resolve."""
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except socket.gaierror:
-        return []
-    addrs = [info[4][0].split("%")[0] for info in infos]  # no IPv6 scope suffix (fe80::1%eth0)
-    return sorted(set(addrs), key=lambda a: (":" in a, addrs.index(a)))
-
-
-def is_local(host: str) -> bool:
-    """True when `host` is this machine: its name, localhost, or an address of one of its interfaces."""
-    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
-        return True
-    mine = local_addresses()
-    return any(addr in mine or ipaddress.ip_address(addr).is_loopback for addr in resolve(host))
 
 
 # --- checks ----------------------------------------------------------------------------------
@@ -201,6 +159,22 @@ def check_port_remote(port: int, host: str, ssh_port: Optional[int], identity: O
     return Check(name, None, f"not checked: {out.splitlines()[-1] if out else code}")
 
 
+def check_paths_remote(host: str, folder: str, python: str, ssh_port: Optional[int], identity: Optional[str]) -> Check:
+    """The folder the job runs in and this Python exist on a remote host (a launcher runs both there)."""
+    name = f"paths on {host}"
+    probe = f"for p in {shlex.quote(folder)} {shlex.quote(python)}; do [ -e \"$p\" ] || echo \"$p\"; done"
+    code, out = run_command(ssh_command(host, ssh_port, identity, [probe]),
+                            timeout=SSH_CONNECT_TIMEOUT_S + 10)
+    if code != 0:
+        return Check(name, None, f"not checked: {out.splitlines()[-1] if out else code}")
+    missing = out.split()
+    if missing:
+        return Check(name, False, f"{host} has no {' and no '.join(missing)}",
+                     f"install the project at the same path on every host (a shared filesystem, or the same "
+                     f"checkout and `make setup` on {host}), and run from there")
+    return Check(name, True, f"{folder} and {python} exist")
+
+
 IFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME")
 
 
@@ -274,7 +248,8 @@ def plugin_checks() -> Tuple[List[EnvironmentCheck], List[Probe]]:
 # --- the report ------------------------------------------------------------------------------
 def run_checks(hosts: List[Tuple[str, int]], port: int, ssh_port: Optional[int], identity: Optional[str],
                probe: bool = True, out=None) -> List[Check]:
-    """Run every check, print each line (to `out`, default stdout) as it is known, return them all."""
+    """Run every check, print each line (to `out`, default stdout) as it is known, return them all. The
+    paths checked on the other hosts are this folder and this Python: launchers run both there."""
     checks: List[Check] = []
     out = out or sys.stdout
 
@@ -296,6 +271,8 @@ def run_checks(hosts: List[Tuple[str, int]], port: int, ssh_port: Optional[int],
             if checks[-1].ok:
                 reachable.append(h)
     report(check_port_here(port, socket.gethostname()))
+    for h in reachable:
+        report(check_paths_remote(h, os.getcwd(), sys.executable, ssh_port, identity))
     for h in reachable:
         report(check_port_remote(port, h, ssh_port, identity))
     iface_check, iface = check_interface(hosts, local)

@@ -48,6 +48,7 @@ class Liveness:
     def __init__(self, rank: int, step: Callable[[], int], single_host: bool) -> None:
         self.rank, self.step = rank, step
         self.peers: List[Address] = []
+        self.hosts: List[str] = []
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((advertised_host(single_host), 0))
@@ -69,9 +70,10 @@ class Liveness:
                 except OSError:
                     pass  # the asking rank gave up or went away; nothing to answer
 
-    def know(self, addresses: Sequence[Address]) -> None:
-        """Every rank's address, in rank order (from a collective at start-up)."""
+    def know(self, addresses: Sequence[Address], hosts: Sequence[str] = ()) -> None:
+        """Every rank's address and host name, in rank order (from a collective at start-up)."""
         self.peers = [tuple(a) for a in addresses]
+        self.hosts = list(hosts)
 
     def silent(self) -> List[Tuple[int, str]]:
         """(rank, why) for every other rank that does not answer within ANSWER_TIMEOUT_S."""
@@ -90,6 +92,8 @@ class Liveness:
         if not silent:
             return None
         ranks = ", ".join(str(rank) for rank, _ in silent)
+        if len(set(self.hosts)) > 1:  # across hosts, the host is what a user goes to look at
+            ranks += f" ({', '.join(sorted({self.hosts[rank] for rank, _ in silent}))})"
         reasons = "; ".join(sorted({why for _, why in silent}))
         return (f"rank{'s' if len(silent) > 1 else ''} {ranks} stopped taking part ({reasons}; this rank is at "
                 f"step {self.step()})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import List
 
-from common.launch.registry import Launcher, Shape, script
+from common.launch.registry import Launcher, Shape, script, srun_shape
 
 
 def _alone(shape: Shape, python: str, program: List[str]) -> List[str]:
@@ -30,8 +30,11 @@ def _torchrun(shape: Shape, python: str, program: List[str]) -> List[str]:
 
 
 def _srun(shape: Shape, python: str, program: List[str]) -> List[str]:
-    # One task per process; ddp_train reads Slurm's variables (MASTER_ADDR/MASTER_PORT must be exported).
-    return ["srun", f"--ntasks={shape.np}", python, *program]
+    # One task per process; ddp_train reads Slurm's variables and meets the others at MASTER_ADDR:MASTER_PORT,
+    # the first node of the placement (exported by the user in an sbatch script; set here when it is known).
+    hosts = shape.host_slots()
+    store = ["env", f"MASTER_ADDR={hosts[0][0]}", f"MASTER_PORT={shape.port or 29500}"] if hosts else []
+    return [*store, "srun", *srun_shape(shape), python, *program]
 
 
 LAUNCHERS = [
@@ -40,6 +43,6 @@ LAUNCHERS = [
     Launcher("torchrun", "ddp", "ddp_train", "ddp", _torchrun, per_host=True,
              description="torchrun on one host (its store on loopback: --rdzv-backend loopback); --nnodes N with "
                          "a c10d rendezvous across hosts"),
-    Launcher("srun", "ddp", "ddp_train", "ddp", _srun,
+    Launcher("srun", "ddp", "ddp_train", "ddp", _srun, slurm=True,
              description="srun without torchrun: one Slurm task per process"),
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import List
 
-from common.launch.registry import Launcher, Shape, script
+from common.launch.registry import Launcher, Shape, script, srun_shape
 
 #: mpirun's odls_base_sigkill_timeout: the seconds it waits before passing SIGINT/SIGTERM on to the ranks (as
 #: SIGTERM), and again before killing them. 10 leaves steps of up to about 9 s room for a final checkpoint
@@ -48,6 +48,12 @@ def _mpirun(shape: Shape, python: str, program: List[str]) -> List[str]:
     return cmd + ["-np", str(shape.np), python, *program]
 
 
+def _srun(shape: Shape, python: str, program: List[str]) -> List[str]:
+    # Slurm wires the tasks up through PMI (SRUN_MPI: the plugin Slurm and Open MPI share, as in
+    # slurm/hvd_srun.sbatch); Horovod then runs its MPI controller without horovodrun or ssh.
+    return ["srun", f"--mpi={os.environ.get('SRUN_MPI', 'pmix')}", *srun_shape(shape), python, *program]
+
+
 LAUNCHERS = [
     Launcher("none-hvd", "horovod", "hvd_train", "horovod", _alone, single_process=True,
              description="python -m hvd_train: one process, no launcher"),
@@ -57,4 +63,6 @@ LAUNCHERS = [
              description="horovodrun --mpi: Horovod's MPI controller through Open MPI's mpirun"),
     Launcher("mpirun", "horovod", "hvd_train", "horovod-mpi", _mpirun, controller="mpi",
              description="mpirun directly: Horovod's MPI controller"),
+    Launcher("srun-mpi", "horovod", "hvd_train", "horovod-mpi", _srun, controller="mpi", slurm=True,
+             description="srun --mpi=pmix inside a Slurm allocation: Horovod's MPI controller wired up by PMI"),
 ]

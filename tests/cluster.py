@@ -214,11 +214,16 @@ class Cluster:
             (NETNS_ETC / host / "ssh" / "ssh_known_hosts").write_text("".join(known))
 
     # --- sshd and links, for tests that take a host down ------------------------------------
-    def start_sshd(self, host: str) -> None:
-        """Start host's sshd in the foreground (-D), logging to the cluster folder."""
+    def start_sshd(self, host: str, hide: Optional[Path] = None) -> None:
+        """Start host's sshd in the foreground (-D), logging to the cluster folder. With `hide`, sshd and
+        every session it opens see an empty folder there (a tmpfs over it in a mount namespace of their
+        own): a host that lacks a path the others have."""
+        cmd = [SSHD, "-D", "-e", "-f", "/etc/ssh/sshd_config"]
+        if hide is not None:
+            cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                   f'mount -t tmpfs hidden "{hide}" && exec "$@"', "sh", *cmd]
         log = open(self.folder / f"sshd-{host}.log", "ab")
-        self.sshd[host] = subprocess.Popen(on_host(host, [SSHD, "-D", "-e", "-f", "/etc/ssh/sshd_config"]),
-                                           stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        self.sshd[host] = subprocess.Popen(on_host(host, cmd), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
 
     def stop_sshd(self, host: str) -> None:

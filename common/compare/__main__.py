@@ -13,6 +13,7 @@ from . import arguments, benchmarks, report
 from .analysis import DEFAULT_TOLERANCE
 from .matrix import MatrixRunner, failure_record, plan
 from .rundirs import check_comparable, number_repeats, read_run
+from .sites import Hosts, SlurmAllocation, ThisHost
 
 PROG = "compare-backends"
 
@@ -35,6 +36,16 @@ def build_compare_parser() -> argparse.ArgumentParser:
                    help="runs that explain a gap between DDP and Horovod at 3 ranks or more, at the largest world "
                         "size: predivide (Horovod dividing before the sum, as DDP does), deterministic (Horovod "
                         "without tensor fusion, twice: is it reproducible then?), none")
+    p.add_argument("--hosts", "-H", metavar="HOST:SLOTS,...",
+                   help="run across these hosts, as horovodrun -H spells them (node0:4,node1:4); each world size is "
+                        "placed on them in order. Needs passwordless ssh and the same paths on every host; the "
+                        "launch doctor checks both before any run")
+    p.add_argument("--port", type=int, default=29500,
+                   help="with --hosts or --slurm: the rendezvous port of the first run on the first host (run i "
+                        "uses port + i)")
+    p.add_argument("--slurm", action="store_true",
+                   help="inside a Slurm allocation: start every run with srun on the allocation's nodes (DDP one "
+                        "task per process, Horovod through PMI: srun --mpi=$SRUN_MPI, default pmix)")
     p.add_argument("--out", type=Path, default=Path("runs/compare"), help="output folder (report and run dirs)")
     p.add_argument("--runs", nargs="+", type=Path, metavar="DIR",
                    help="compare these existing run directories instead of launching")
@@ -51,6 +62,30 @@ def build_compare_parser() -> argparse.ArgumentParser:
 def fail(message: str) -> int:
     print(f"{PROG}: error: {message}", file=sys.stderr)
     return 2
+
+
+def choose_site(args: argparse.Namespace) -> ThisHost:
+    """Where the runs go: --slurm, --hosts or this host (ValueError on a bad combination)."""
+    if not 0 < args.port < 65536 - 100:
+        raise ValueError(f"--port {args.port} is not a TCP port; pick one in 1024-65000")
+    if args.slurm:
+        if args.hosts:
+            raise ValueError("--slurm takes the allocation's nodes; drop --hosts")
+        return SlurmAllocation(args.port)
+    if args.hosts:
+        return Hosts(args.hosts, args.port)
+    return ThisHost()
+
+
+def preflight(site: Hosts, world_sizes: List[int], port: int, runs: int) -> List[str]:
+    """The launch doctor's checks on the hosts the runs use (ssh, the project's paths, the rendezvous port,
+    the interface): the failed ones, a line each with its fix; empty when every check passed."""
+    import io
+
+    from .. import doctor
+
+    checks = doctor.run_checks(site.used_hosts(world_sizes), port, None, None, probe=False, out=io.StringIO())
+    return [check.line().replace("\n", " ").replace("      fix:", " fix:") for check in checks if check.ok is False]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -81,10 +116,22 @@ def main(argv: Optional[List[str]] = None) -> int:
             return fail(str(exc))
     else:
         explain = [] if "none" in args.explain or any(a.startswith("--reduction") for a in train_args) else args.explain
-        planned = plan(args.backends, sorted(set(args.world_sizes)), args.hvd_controllers, args.repeats, explain)
+        world_sizes = sorted(set(args.world_sizes))
+        try:
+            site = choose_site(args)
+            planned = plan(args.backends, world_sizes, args.hvd_controllers, args.repeats, explain, site)
+        except ValueError as exc:
+            return fail(str(exc))
+        if isinstance(site, Hosts) and not site.slurm:
+            findings = preflight(site, world_sizes, args.port, len(planned))
+            if findings:
+                for line in findings:
+                    print(f"{PROG}: {line}", file=sys.stderr)
+                return fail("the launch doctor found what would make the runs fail or hang (above); nothing was "
+                            "launched")
         print(f"{PROG}: {len(planned)} runs into {args.out.resolve()}", flush=True)
         runner = MatrixRunner(train_args, args.out, timeout_s=args.run_timeout,
-                              echo=lambda line: print(line, flush=True))
+                              echo=lambda line: print(line, flush=True), site=site)
         try:
             outcomes = runner.run_all(planned)
         except KeyboardInterrupt:  # the running job was stopped on the way out (common.launch.Job)

@@ -65,13 +65,25 @@ def parity_table(runs: List[Run], tolerance: float = DEFAULT_TOLERANCE) -> List[
     return out
 
 
+def hosts_of(run: Run) -> List[str]:
+    """The hosts a run's ranks ran on (config.json's rank_hosts)."""
+    return sorted(set(run.config.get("rank_hosts") or run.config.get("hosts") or []))
+
+
 def throughput_table(runs: List[Run]) -> Dict[str, Dict]:
-    """samples/s per backend@world: median, min, max over repeats."""
+    """samples/s per backend@world: median, min, max over repeats, and the hosts the ranks ran on."""
     groups: Dict[str, List[float]] = {}
+    hosts: Dict[str, set] = {}
     for run in runs:
         if run.summary.get("samples_per_s"):
             groups.setdefault(run.key, []).append(float(run.summary["samples_per_s"]))
-    return {key: stats.spread(values) for key, values in sorted(groups.items())}
+            hosts.setdefault(run.key, set()).update(hosts_of(run))
+    return {key: {**stats.spread(values), "hosts": sorted(hosts[key])} for key, values in sorted(groups.items())}
+
+
+def span(hosts: List[str]) -> str:
+    """'on one host' or 'across 2 hosts (node0, node1)'."""
+    return "on one host" if len(hosts) <= 1 else f"across {len(hosts)} hosts ({', '.join(hosts)})"
 
 
 def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
@@ -95,11 +107,13 @@ def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
                 significant = f["min"] > s["max"]
                 noise = "larger than the spread across repeats" if significant else \
                     "within the spread across repeats (not significant)"
+            where = span(sorted(set(f["hosts"]) | set(s["hosts"])))
             out.append({
                 "world_size": world, "faster": fast.split("@")[0], "slower": slow.split("@")[0],
                 "ratio": ratio, "percent": 100 * (ratio - 1), "significant": significant,
+                "hosts": sorted(set(f["hosts"]) | set(s["hosts"])),
                 "verdict": f"{fast.split('@')[0]} is {100 * (ratio - 1):.1f}% faster than {slow.split('@')[0]} "
-                           f"at world size {world} ({f['median']:.0f} vs {s['median']:.0f} samples/s); "
+                           f"at world size {world} {where} ({f['median']:.0f} vs {s['median']:.0f} samples/s); "
                            f"difference {noise}",
             })
     return out

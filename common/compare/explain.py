@@ -24,6 +24,13 @@ def _find(runs: List[Run], label: str, world_size: int, repeat: int) -> Optional
     return next((r for r in runs if r.label == label and r.world_size == world_size and r.repeat == repeat), None)
 
 
+def _variant(runs: List[Run], variant: str, world_size: int, repeat: int) -> Optional[Run]:
+    """A Horovod run of an explaining variant, whichever controller ran it (Gloo here; MPI under Slurm)."""
+    label = next((r.label for r in runs if r.label.startswith("horovod-") and r.label.endswith("+" + variant)
+                  and r.world_size == world_size), None)
+    return _find(runs, label, world_size, repeat) if label else None
+
+
 def _gap(a: Optional[Run], b: Optional[Run]) -> Optional[Dict]:
     return parity(a, b, tolerance=0.0) if a is not None and b is not None else None
 
@@ -54,18 +61,18 @@ def explain_pair(pair: Dict, runs: List[Run]) -> Optional[Dict]:
         sentences.append(f"the gap between the backends ({pair['max_abs_weight_diff']:.1e}) is "
                          f"{'larger' if larger else 'not larger'} than their run-to-run spread")
     ddp = next((r for r in (a, b) if r.label == "ddp"), None)
-    predivide = _find(runs, "horovod-gloo+predivide", world, 0)
+    predivide = _variant(runs, "predivide", world, 0)
     if ddp is not None and predivide is not None and "horovod" in (a.label + b.label):
         gap = _gap(ddp, predivide)
-        facts["ddp vs horovod-gloo+predivide"] = gap["max_abs_weight_diff"]
-        sentences.append("with Horovod dividing before the sum as DDP does (horovod-gloo+predivide) the gap is "
+        facts[f"ddp vs {predivide.label}"] = gap["max_abs_weight_diff"]
+        sentences.append(f"with Horovod dividing before the sum as DDP does ({predivide.label}) the gap is "
                          + ("gone (bitwise identical)" if gap["bitwise_identical"]
                             else f"{gap['max_abs_weight_diff']:.1e}"))
-    deterministic = _gap(_find(runs, "horovod-gloo+deterministic", world, 0),
-                         _find(runs, "horovod-gloo+deterministic", world, 1))
+    first = _variant(runs, "deterministic", world, 0)
+    deterministic = _gap(first, _variant(runs, "deterministic", world, 1))
     if deterministic is not None and "horovod" in (a.label + b.label):
-        facts["horovod-gloo+deterministic repeat"] = deterministic["max_abs_weight_diff"]
-        sentences.append("without tensor fusion (horovod-gloo+deterministic) "
+        facts[f"{first.label} repeat"] = deterministic["max_abs_weight_diff"]
+        sentences.append(f"without tensor fusion ({first.label}) "
                          + _spread_text("Horovod's", deterministic))
     if len(sentences) == 0:
         return None

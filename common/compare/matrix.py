@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import launch
+from ..launch.remote import run_on_hosts
 from .rundirs import run_name
+from .sites import HERE, ThisHost
 
 EPOCH_LINE = re.compile(r"^epoch (\d+) step (\d+)/(\d+)")
 
@@ -51,27 +53,32 @@ class PlannedRun:
 
 
 def plan(backends: Sequence[str], world_sizes: Sequence[int], controllers: Optional[Sequence[str]],
-         repeats: int, explain: Sequence[str] = ("predivide",)) -> List[PlannedRun]:
+         repeats: int, explain: Sequence[str] = ("predivide",), site: ThisHost = ThisHost()) -> List[PlannedRun]:
     """The runs to make. Repeats are interleaved (all cells once, then again) so that drift in
     the machine's speed spreads over every cell. With controllers=None Horovod runs the Gloo
-    controller at every size and the MPI controller at the largest. With both backends and a world
-    size of 3 or more, the `explain` variants of Horovod (Gloo, see EXPLAIN) run at the largest size."""
+    controller at every size and the MPI controller at the largest (under Slurm: MPI at every size).
+    With both backends and a world size of 3 or more, the `explain` variants of Horovod (Gloo; under
+    Slurm MPI; see EXPLAIN) run at the largest size. ValueError when the site cannot run a cell."""
     largest = max(world_sizes)
+    if controllers is None and site.slurm:
+        controllers = ["mpi"]
     cells = []
     for np in world_sizes:
         for backend in backends:
             if backend == "ddp":
-                cells.append((launch.find("ddp"), np))
+                cells.append((site.launcher("ddp", None), np))
             elif controllers is None:
-                cells.append((launch.find("horovod", "gloo"), np))
+                cells.append((site.launcher("horovod", "gloo"), np))
                 if np == largest:
-                    cells.append((launch.find("horovod", "mpi"), np))
+                    cells.append((site.launcher("horovod", "mpi"), np))
             else:
-                cells += [(launch.find("horovod", c), np) for c in controllers]
+                cells += [(site.launcher("horovod", c), np) for c in controllers]
     runs = [PlannedRun(launcher, np, r) for r in range(repeats) for launcher, np in cells]
     if {"ddp", "horovod"} <= set(backends) and largest >= 3:
-        gloo = launch.find("horovod", "gloo")
-        runs += [PlannedRun(gloo, largest, r, variant) for variant in explain for r in range(EXPLAIN_REPEATS[variant])]
+        horovod = site.launcher("horovod", "mpi" if site.slurm else "gloo")
+        runs += [PlannedRun(horovod, largest, r, variant) for variant in explain
+                 for r in range(EXPLAIN_REPEATS[variant])]
+    site.check(sorted({run.launcher for run in runs}, key=lambda l: l.name), world_sizes)
     return runs
 
 
@@ -88,12 +95,15 @@ class Outcome:
 
 
 def _error_of(lines: List[str]) -> str:
-    """The most telling line of a failed run's output: our one-line error, else the last line."""
-    for line in reversed(lines):
-        if ": error: " in line or "Error:" in line or "error:" in line.lower():
-            return line.strip()
-    tail = [line.strip() for line in lines if line.strip()]
-    return tail[-1] if tail else "no output"
+    """The most telling line of a failed run's output: our one-line error that says what happened (rather
+    than pointing at a traceback), else our error line, else any error line, else the last line."""
+    lines = [line.strip() for line in lines if line.strip()]
+    ours = [line for line in lines if ": error: " in line]
+    for candidates in ([line for line in ours if "(traceback above)" not in line], ours,
+                       [line for line in lines if "error:" in line.lower()], lines):
+        if candidates:
+            return candidates[-1]
+    return "no output"
 
 
 def _fmt_seconds(seconds: float) -> str:
@@ -105,8 +115,9 @@ class MatrixRunner:
     """Runs a plan sequentially (runs on one host must not compete for its cores)."""
 
     def __init__(self, train_args: Sequence[str], out: Path, python: str = sys.executable,
-                 timeout_s: float = 1800, echo: Callable[[str], None] = print) -> None:
+                 timeout_s: float = 1800, echo: Callable[[str], None] = print, site: ThisHost = ThisHost()) -> None:
         self.train_args = list(train_args)
+        self.site = site
         self.out = out
         self.python = python
         self.timeout_s = timeout_s
@@ -136,9 +147,11 @@ class MatrixRunner:
                  done: List[Outcome]) -> Outcome:
         run_dir = self.out / "runs" / planned.dirname
         run_dir.mkdir(parents=True, exist_ok=True)
-        cmd = planned.launcher.command(planned.np, self.train_args + planned.extra_args + ["--run-dir", str(run_dir)],
-                                       python=self.python)
-        shown = " ".join(cmd)
+        commands = self.site.commands(planned.launcher, planned.np,
+                                      self.train_args + planned.extra_args + ["--run-dir", str(run_dir)],
+                                      python=self.python, index=index)
+        shown = "; ".join(" ".join(cmd) if host == HERE else f"{host}$ {' '.join(cmd)}"
+                          for host, cmd in commands.items())
         self.echo(f"[{index + 1}/{total}] starting {planned.name}: {shown}")
         t0 = time.monotonic()
 
@@ -150,16 +163,23 @@ class MatrixRunner:
                 self.echo(f"    {planned.name} epoch {match.group(1)} step {step}/{steps} "
                           f"· elapsed {_fmt_seconds(time.monotonic() - started)} · ETA {_fmt_seconds(eta)}")
 
-        result = launch.run(cmd, timeout=self.timeout_s, env=launch.job_env(python=self.python),
-                            log=run_dir / "launch.log", on_line=progress)
+        env = launch.job_env(python=self.python)
+        if HERE in commands:
+            result = launch.run(commands[HERE], timeout=self.timeout_s, env=env, log=run_dir / "launch.log",
+                                on_line=progress)
+        else:
+            result = run_on_hosts(commands, timeout=self.timeout_s, env=env, cwd=Path.cwd(),
+                                  log=run_dir / "launch.log", on_line=progress)
         lines = result.output.splitlines()
         if result.timed_out:
             lines.append(f"compare: error: run exceeded --run-timeout {self.timeout_s:.0f}s")
         returncode = result.returncode if not result.timed_out else (result.returncode or 124)
         error = None if returncode == 0 else _error_of(lines)
         (run_dir / "launch.json").write_text(json.dumps(
-            {"command": shown, "returncode": returncode, "seconds": result.seconds, "name": planned.name,
-             "backend": planned.label, "np": planned.np, "repeat": planned.repeat + 1}, indent=2) + "\n")
+            {"command": shown, "commands": {host or "here": " ".join(cmd) for host, cmd in commands.items()},
+             "placement": self.site.placement(planned.np), "returncode": returncode, "seconds": result.seconds,
+             "name": planned.name, "backend": planned.label, "np": planned.np, "repeat": planned.repeat + 1},
+            indent=2) + "\n")
         return Outcome(planned, run_dir, returncode, result.seconds, shown, error)
 
 

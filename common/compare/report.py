@@ -58,6 +58,21 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
     return summary
 
 
+def _by_placement(throughput: Dict[str, Dict]) -> List:
+    """The throughput rows in two groups, runs on one host and runs across hosts (only those present)."""
+    groups = [("On one host", [(k, v) for k, v in throughput.items() if len(v["hosts"]) <= 1]),
+              ("Across hosts", [(k, v) for k, v in throughput.items() if len(v["hosts"]) > 1])]
+    return [(title, rows) for title, rows in groups if rows] or [("On one host", [])]
+
+
+def _command_cell(run: Dict) -> str:
+    """A run's command for the reproduce table; a run started on several hosts shows each host's line."""
+    commands = (run["launch"] or {}).get("commands") or {}
+    if len(commands) > 1:
+        return "<br>".join(f"`{host}$ {cmd}`" for host, cmd in commands.items())
+    return f"`{run['command']}`"
+
+
 def _markdown(s: Dict, runs: List[Run], bench_section: List[str]) -> str:
     md = ["# Horovod vs DDP: comparison report", ""]
     first = runs[0].settings if runs else {}
@@ -122,11 +137,14 @@ def _markdown(s: Dict, runs: List[Run], bench_section: List[str]) -> str:
            "", f"![parity]({s['plots']['parity']})", ""]
 
     md += ["## Speed", "", "Training samples/s over all ranks, first step excluded; median (min–max) "
-           "over repeats.", "", _table(
-               ["backend@world", "median samples/s", "min", "max", "repeats"],
-               [[k, _fmt(v["median"], ".1f"), _fmt(v["min"], ".1f"), _fmt(v["max"], ".1f"), v["n"]]
-                for k, v in s["throughput"].items()]),
-           "", "Scaling efficiency is throughput(N) / (N x throughput(1)) with each backend's own "
+           "over repeats. Runs on one host communicate through loopback and shared memory, runs across hosts "
+           "over the network between them: compare rows of the same placement.", ""]
+    for title, rows in _by_placement(s["throughput"]):
+        md += [f"### {title}", "", _table(
+            ["backend@world", "hosts", "median samples/s", "min", "max", "repeats"],
+            [[k, ", ".join(v["hosts"]) or "?", _fmt(v["median"], ".1f"), _fmt(v["min"], ".1f"),
+              _fmt(v["max"], ".1f"), v["n"]] for k, v in rows]), ""]
+    md += ["Scaling efficiency is throughput(N) / (N x throughput(1)) with each backend's own "
            "single-process run; a Horovod controller with no world-size-1 run uses the other controller's "
            "(one process does not communicate).", "",
            f"![throughput]({s['plots']['throughput']})", "",
@@ -159,7 +177,7 @@ def _markdown(s: Dict, runs: List[Run], bench_section: List[str]) -> str:
     md += [_table(["run", "launcher", "hosts", "torch", "horovod", "git", "command"],
                   [[r["name"], r["launcher"], ",".join(r["hosts"] or []), (r["versions"] or {}).get("torch"),
                     (r["versions"] or {}).get("horovod"), ((r["versions"] or {}).get("project_git") or "")[:12],
-                    f"`{r['command']}`"] for r in s["runs"]]), ""]
+                    _command_cell(r)] for r in s["runs"]]), ""]
     if runs:
         md += ["Settings of the runs (first run; differences listed above):", "", "```json",
                json.dumps(runs[0].settings, indent=2, sort_keys=True), "```", ""]

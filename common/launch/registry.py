@@ -14,6 +14,8 @@ from pathlib import Path
 from importlib.metadata import entry_points
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .hosts import parse_hosts
+
 ENTRY_POINT_GROUP = "hvd_ddp_compare.launchers"
 
 
@@ -28,13 +30,8 @@ class Shape:
     port: Optional[int] = None
 
     def host_slots(self) -> List[Tuple[str, int]]:
-        """[("node0", 4), ("node1", 4)] from `hosts` (slots default to 1)."""
-        pairs = []
-        for part in (self.hosts or "").split(","):
-            if part.strip():
-                name, _, slots = part.strip().partition(":")
-                pairs.append((name, int(slots) if slots else 1))
-        return pairs
+        """[("node0", 4), ("node1", 4)] from `hosts` ([] for this host alone)."""
+        return parse_hosts(self.hosts) if self.hosts else []
 
 
 #: build(shape, python, program) -> the command line; program is ["-m", module, *args]
@@ -53,6 +50,7 @@ class Launcher:
     controller: Optional[str] = None  # Horovod's controller (gloo, mpi); None for DDP
     single_process: bool = False      # starts the program alone, without a launcher (np is 1)
     per_host: bool = False            # across hosts, the command is started on every host (torchrun)
+    slurm: bool = False               # srun: starts the processes inside a Slurm allocation
     description: str = ""
 
     def command(self, np: int, args: Sequence[str] = (), module: Optional[str] = None,
@@ -64,6 +62,17 @@ class Launcher:
         if self.single_process and np != 1:
             raise ValueError(f"{self.name} starts one process, not {np}")
         return self.build(Shape(np, hosts, port), python, ["-m", module or self.module, *map(str, args)])
+
+
+def srun_shape(shape: Shape) -> List[str]:
+    """srun's options for a shape: --ntasks, and with hosts, as many nodes and the tasks on each."""
+    hosts = shape.host_slots()
+    options = []
+    if hosts:
+        options.append(f"--nodes={len(hosts)}")
+        if len({slots for _, slots in hosts}) == 1:
+            options.append(f"--ntasks-per-node={hosts[0][1]}")
+    return [*options, f"--ntasks={shape.np}"]
 
 
 def script(name: str, python: str) -> str:
@@ -107,12 +116,13 @@ def get(name: str) -> Launcher:
     return _registry[name]
 
 
-def find(backend: str, controller: Optional[str] = None) -> Launcher:
+def find(backend: str, controller: Optional[str] = None, slurm: bool = False) -> Launcher:
     """The launcher the comparison uses for a backend (and Horovod controller): the first declared
-    one that starts that backend's training module on several processes."""
+    one that starts that backend's training module on several processes (with `slurm`, through srun)."""
     _load()
     for launcher in _registry.values():
-        if launcher.backend == backend and launcher.controller == controller and not launcher.single_process:
+        if (launcher.backend, launcher.controller, launcher.slurm) == (backend, controller, slurm) \
+                and not launcher.single_process:
             return launcher
-    raise ValueError(f"no launcher for backend {backend!r}" + (f" with controller {controller!r}" if controller
-                                                                else ""))
+    raise ValueError(f"no launcher{' under Slurm' if slurm else ''} for backend {backend!r}"
+                     + (f" with controller {controller!r}" if controller else ""))
