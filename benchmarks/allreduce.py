@@ -7,6 +7,11 @@ bandwidth (the limit) and the copy/add floor of a copy-based ring allreduce.
     python -m benchmarks.allreduce --np 2 --min-bytes 4 --max-bytes 1M --iters 2 --out /tmp/ar
     python -m benchmarks.allreduce --np 2 --backends mpi,horovod-mpi --min-bytes 64M --max-bytes 64M \
         --mpi-algorithms default,ring,rabenseifner --out /tmp/algorithms
+    python -m benchmarks.allreduce --hosts node0:1,node1:1 --np 2 --out /tmp/across   # across hosts
+
+With --hosts (horovodrun's -H syntax) each world size is placed on the hosts in order and the bus
+bandwidth is also given against the link that joins them (the speed of the interface that reaches the
+second host, from /sys/class/net/IFACE/speed): busbw_of_link.
 
 busbw = algbw x 2(n-1)/n with algbw = bytes / time per op (nccl-tests' definitions); time per op
 is the slowest rank's mean over the timed iterations. --mpi-algorithms measures the Open MPI series
@@ -142,7 +147,32 @@ def build_parser() -> argparse.ArgumentParser:
                         "default,ring,rabenseifner (sets OMPI_MCA_coll_tuned_use_dynamic_rules=1 and "
                         "OMPI_MCA_coll_tuned_allreduce_algorithm=N)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before one launch is stopped")
+    p.add_argument("--hosts", "-H", default=None, metavar="HOST:SLOTS,...",
+                   help="run across these hosts (node0:1,node1:1), each world size placed on them in order; needs "
+                        "passwordless ssh and the same paths on every host (check with python -m common.doctor)")
+    p.add_argument("--port", type=int, default=29500,
+                   help="with --hosts: torchrun's rendezvous port on the first host for the first job (job i: +i)")
     return p
+
+
+def link_speed(hosts: str) -> Optional[Dict]:
+    """The link from this host to the first other host of `hosts`: interface, address and speed (bytes/s
+    from /sys/class/net/IFACE/speed, None where the interface does not report one). None on one host."""
+    from common.doctor import route_source
+    from common.launch.hosts import is_local, local_addresses, parse_hosts, resolve
+
+    remote = next((h for h, _ in parse_hosts(hosts) if not is_local(h)), None)
+    addresses = resolve(remote) if remote else []
+    if not addresses:
+        return None
+    source = route_source(addresses[0])
+    interface = local_addresses().get(source, "?")
+    try:
+        mbps = int(Path(f"/sys/class/net/{interface}/speed").read_text().strip())
+    except (OSError, ValueError):
+        mbps = -1
+    return {"interface": interface, "address": source, "to": remote, "speed_Mbps": mbps if mbps > 0 else None,
+            "GBps": mbps / 8 / 1000 if mbps > 0 else None}
 
 
 def _fail(message: str) -> int:
@@ -163,6 +193,14 @@ def main(argv=None) -> int:
     if args.mpi_algorithms and not_mpi:
         return _fail(f"--mpi-algorithms chooses Open MPI's algorithm; {','.join(not_mpi)} do not use Open MPI, "
                      f"so measure them without it (--backends {','.join(OPEN_MPI_SERIES)})")
+    if args.hosts:
+        from common.launch.hosts import parse_hosts, place
+
+        try:
+            for np in args.world_sizes:
+                place(parse_hosts(args.hosts), np)
+        except ValueError as exc:
+            return _fail(str(exc))
     record = Record("allreduce", argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -178,7 +216,11 @@ def main(argv=None) -> int:
     if args.iters:
         worker_args += ["--iters", str(args.iters)]
     series = []
-    workers = Workers("allreduce", out, args.timeout)
+    workers = Workers("allreduce", out, args.timeout, hosts=args.hosts, port=args.port)
+    link = link_speed(args.hosts) if args.hosts else None
+    if link:
+        speed = f"{link['speed_Mbps']} Mb/s = {link['GBps']:.3f} GB/s" if link["GBps"] else "speed not reported"
+        print(f"link: {link['interface']} ({link['address']}) to {link['to']}, {speed}", flush=True)
     for np in args.world_sizes:
         for name in backends:
             for algorithm in args.mpi_algorithms or [None]:
@@ -193,11 +235,14 @@ def main(argv=None) -> int:
                 for row in data["results"]:
                     row["busbw_of_limit"] = row["busbw_GBps"] / limit["limit_GBps"]
                     row["floor_time_s"] = floor_seconds(row["bytes"], np, floor)
+                    if link and link["GBps"]:
+                        row["busbw_of_link"] = row["busbw_GBps"] / link["GBps"]
                 series.append({"name": data["backend"], "launcher": SERIES[name], "world_size": np,
                                "device": data["device"], "command": workers.last_command,
                                "seconds": time.monotonic() - started, "mpi_algorithm": algorithm,
                                "mpi_algorithm_env": data.get("mpi_algorithm_env"),
                                "mpi_yield_when_idle": data.get("mpi_yield_when_idle"),
+                               "placement": workers.last_placement,
                                "results": data["results"]})
 
     report = {**record.header(),
@@ -207,8 +252,9 @@ def main(argv=None) -> int:
                               "busbw_of_limit": "busbw / memory-copy limit",
                               "floor": "least time of a copy-based ring allreduce: per rank (n-1)/n of the bytes "
                                        "copied twice and added once, at one thread's copy_ and add_ speed",
-                              "floor_time_s": "that least time for this message and world size"},
-              "memcpy": limit, "floor": floor, "series": series, "failures": workers.failures}
+                              "floor_time_s": "that least time for this message and world size",
+                              "busbw_of_link": "busbw / the speed of the link to the other hosts (--hosts)"},
+              "hosts": args.hosts, "link": link, "memcpy": limit, "floor": floor, "series": series, "failures": workers.failures}
     report["plot"] = plot(report, out)
     write_json(out / "allreduce.json", report)
     print_summary(report)
@@ -233,7 +279,8 @@ def print_summary(report: Dict) -> None:
         for s in series:
             r = next((r for r in s["results"] if r["bytes"] == size), None)
             row += ["-", "-", "-"] if r is None else [
-                f"{r['time_s'] * 1e6:.1f}", f"{r['busbw_GBps']:.3f}", f"{100 * r['busbw_of_limit']:.1f}"]
+                f"{r['time_s'] * 1e6:.1f}", f"{r['busbw_GBps']:.3f}", f"{100 * r['busbw_of_limit']:.1f}" +
+                (f" ({100 * r['busbw_of_link']:.1f}% link)" if "busbw_of_link" in r else "")]
         rows.append(row)
     print(tables.text(headers, rows))
     note = load_note(report)
@@ -262,6 +309,10 @@ def plot(report: Dict, out: Path) -> str:
                   label=f"memory copy {report['memcpy']['limit_GBps']:.1f} GB/s")
     ax_bw.axhline(report["floor"]["busbw_GBps"], color="black", ls=":",
                   label=f"copy/add floor {report['floor']['busbw_GBps']:.1f} GB/s")
+    link = report.get("link") or {}
+    if link.get("GBps"):
+        ax_bw.axhline(link["GBps"], color="tab:red", ls="--",
+                      label=f"link {link['interface']} {link['speed_Mbps']} Mb/s ({link['GBps']:.2f} GB/s)")
     ax_t.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="time per allreduce (µs)",
              title="Allreduce latency")
     ax_bw.set(xscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from common import launch
+from common.launch.hosts import parse_hosts, place, spell
+from common.launch.remote import commands_for, run_commands, shown
 
 from .machine import REPO
 
@@ -74,22 +76,35 @@ def run_job(cmd: Sequence[str], log: Path, timeout_s: float,
 
 class Workers:
     """Worker jobs of one benchmark, run one after another, each writing its measurement as JSON (to the
-    --result path it is given): what they measured, and the failures, each with its command and error."""
+    --result path it is given): what they measured, and the failures, each with its command and error.
+    With `hosts` ("node0:2,node1:2") each job's ranks are placed on those hosts in order, a launcher that
+    runs on every host (torchrun) is started there over ssh, and job i's rendezvous is at `port` + i."""
 
-    def __init__(self, benchmark: str, out: Path, timeout_s: float) -> None:
+    def __init__(self, benchmark: str, out: Path, timeout_s: float, hosts: Optional[str] = None,
+                 port: int = 29500) -> None:
         self.benchmark, self.out, self.timeout_s = benchmark, out, timeout_s
+        self.hosts, self.port = hosts, port
         self.failures: List[Dict] = []
         self.last_command = ""  # the command of the latest job, for the record
+        self.last_placement: Optional[str] = None  # and the hosts its ranks were placed on
+        self.jobs = 0
 
     def run(self, tag: str, launcher: str, np: int, module: str, args: Sequence[str],
             env: Optional[Dict[str, Optional[str]]] = None, **identity) -> Optional[Dict]:
         """`python -m module args --result FILE` on `np` ranks under `launcher`: the JSON it wrote, or None
         when it failed (then the failure is kept, with `identity` naming what was measured, and printed)."""
         result = self.out / f"{self.benchmark}-{tag}.part.json"
-        cmd = worker_command(launcher, np, module, [*args, "--result", str(result.resolve())])
-        self.last_command = " ".join(cmd)
+        placed = spell(place(parse_hosts(self.hosts), np)) if self.hosts else None
+        commands = commands_for(launch.get(launcher), np, [*args, "--result", str(result.resolve())],
+                                python=sys.executable, module=module, hosts=placed, port=self.port + self.jobs)
+        self.jobs += 1
+        self.last_command, self.last_placement = shown(commands), placed
         try:
-            run_job(cmd, self.out / "logs" / f"{self.benchmark}-{tag}.log", self.timeout_s, env=env)
+            outcome = run_commands(commands, self.timeout_s, env=job_env(env), cwd=REPO,
+                                   log=self.out / "logs" / f"{self.benchmark}-{tag}.log")
+            problem = _failure(outcome, self.timeout_s)
+            if problem:
+                raise JobFailed(problem)
             data = json.loads(result.read_text())
             result.unlink()
             return data

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from cluster import on_host
+from common.launch import Job
 from launch import PY, REPO, job_env, read_run, run_cmd
+from processes import assert_nothing_left, job_processes
 
 pytestmark = pytest.mark.multinode
 
@@ -98,6 +101,20 @@ def test_host_that_drops_off_fails_its_run_naming_it_and_the_others_complete(clu
     assert f"**FAILED** ddp@4#1: {failure['error']}" in (out / "report.md").read_text()
 
 
+def test_ctrl_c_stops_the_run_on_every_host(cluster, tmp_path):
+    out = tmp_path / "interrupted"
+    cmd = on_host("node0", [*COMPARE, "--hosts", "node0:2,node1:2", "--np", "4", "--backends", "ddp", "--repeats", "1",
+                            *SHORT, "--max-steps", "400", "--log-every", "5", "--port", "29550", "--out", str(out)])
+    with Job(cmd, env=job_env(), cwd=REPO) as job:
+        assert job.wait_for(r"ddp@4#1 epoch 1 step \d+", timeout=120), job.output[-3000:]
+        assert job_processes(str(out)), "ranks run on both hosts"
+        job.send_signal(signal.SIGINT)
+        assert job.wait(timeout=60) == 130, job.output[-3000:]
+    assert "interrupted; the running job was stopped" in job.output
+    # torchrun on node1, started over ssh, ends with its ranks when its terminal closes.
+    assert_nothing_left(str(out), within=20)
+
+
 def test_host_without_the_project_path_stops_everything_before_the_first_run(cluster, tmp_path):
     project = tmp_path / "project"  # where the user runs from: present on node0, not on node1
     project.mkdir()
@@ -158,3 +175,21 @@ def test_readme_two_node_commands_train_equal_at_world_size_8_with_the_cause_mea
         why, = summary["explanations"]
         assert "dividing before the sum as DDP does (horovod-" in why["text"], why["text"]
         assert f"Why, measured: {why['text']}" in (out / "report.md").read_text()
+
+
+def test_allreduce_benchmark_across_hosts_reports_bus_bandwidth_against_the_link(cluster, tmp_path):
+    out = tmp_path / "allreduce"
+    cluster.run("node0", [PY, "-m", "benchmarks.allreduce", "--hosts", "node0:1,node1:1", "--np", "2",
+                          "--backends", "torch,mpi", "--min-bytes", "4", "--max-bytes", "64K", "--iters", "2",
+                          "--copy-bytes", "4M", "--out", str(out)], timeout=240).check()
+    report = json.loads((out / "allreduce.json").read_text())
+    link = report["link"]
+    assert (link["interface"], link["to"]) == ("eth0", "node1") and link["speed_Mbps"] > 0
+    assert link["GBps"] == pytest.approx(link["speed_Mbps"] / 8000)
+    assert [s["name"] for s in report["series"]] == ["torch-gloo", "mpi"]
+    for series in report["series"]:
+        assert series["placement"] == "node0:1,node1:1"
+        for row in series["results"]:
+            assert row["busbw_of_link"] == pytest.approx(row["busbw_GBps"] / link["GBps"])
+    # torchrun was started on both hosts (node1's over ssh).
+    assert re.search(r"node0\$ \S*torchrun .*; node1\$ \S*torchrun ", report["series"][0]["command"])

@@ -15,8 +15,12 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .hosts import is_local
-from .jobs import Job, JobTimeout, Result
+from .hosts import is_local, parse_hosts
+from .jobs import Job, JobTimeout, Result, run
+from .registry import Launcher
+
+#: the key of a command that is started once, from this host, whatever hosts its ranks run on
+HERE = ""
 
 #: ssh options: never ask for a password, give up on a host that does not answer within seconds, and
 #: notice a host that drops off the network while its command runs
@@ -24,7 +28,7 @@ SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "ServerAli
                "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR")
 #: variables a remote command gets from this host: the tools' PATH and the settings of the libraries
 #: that choose interfaces and threads
-FORWARDED = re.compile(r"^(PATH|PYTHONUNBUFFERED|(GLOO|NCCL|TORCH|HOROVOD|OMP|MKL)_\w+)$")
+FORWARDED = re.compile(r"^(PATH|PYTHONPATH|PYTHONUNBUFFERED|(GLOO|NCCL|TORCH|HOROVOD|OMP|MKL)_\w+)$")
 #: seconds the other hosts' commands get to end by themselves once one host's command failed (they
 #: usually fail at once, with messages of their own) before they are stopped
 PEERS_GRACE_S = 5.0
@@ -131,6 +135,30 @@ class HostsJob:
     def __exit__(self, kind, value, traceback) -> None:
         if kind is not None:
             self.stop()
+
+
+def commands_for(launcher: Launcher, np: int, args: Sequence[str], *, python: str, module: Optional[str] = None,
+                 hosts: Optional[str] = None, port: Optional[int] = None) -> Dict[str, List[str]]:
+    """What to start for `np` processes of `module` (default: the launcher's training module) on `hosts`
+    ("node0:2,node1:2", None: this host): {HERE: command} for a launcher started once from here, else
+    {host: command} for one started on every host (torchrun)."""
+    cmd = launcher.command(np, args, module=module, python=python, hosts=hosts, port=port)
+    if hosts and launcher.per_host:
+        return {host: cmd for host, _ in parse_hosts(hosts)}
+    return {HERE: cmd}
+
+
+def shown(commands: Dict[str, List[str]]) -> str:
+    """The commands as one line: the command, or each host's as `host$ command`, separated by `; `."""
+    return "; ".join(" ".join(cmd) if host == HERE else f"{host}$ {' '.join(cmd)}" for host, cmd in commands.items())
+
+
+def run_commands(commands: Dict[str, Sequence[str]], timeout: float, *, env: Dict[str, str], cwd: Path,
+                 log: Optional[Path] = None, on_line: Optional[Callable[[str], None]] = None) -> Result:
+    """Run what commands_for gave to its end: a Job for a command started from here, else a HostsJob."""
+    if HERE in commands:
+        return run(commands[HERE], timeout=timeout, env=env, cwd=cwd, log=log, on_line=on_line)
+    return run_on_hosts(commands, timeout, env=env, cwd=cwd, log=log, on_line=on_line)
 
 
 def run_on_hosts(commands: Dict[str, Sequence[str]], timeout: float, *, env: Dict[str, str], cwd: Path,
