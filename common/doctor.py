@@ -3,8 +3,9 @@
     python -m common.doctor [-H node0:4,node1:4] [--port 29500] [--ssh-port P] [--ssh-identity-file F]
 
 One line per check, PASS or FAIL, and for each failure the fix; exit code 1 when any check failed.
-Checks here: ssh to every other host (non-interactive, short timeout), the rendezvous port free on each
-host, and the network interface that reaches the other hosts. The backends add their own through the
+Checks here: ssh to every other host (non-interactive, short timeout), this folder and this Python present
+on each (launchers cd there and start it), the rendezvous port free on each host, and the network
+interface that reaches the other hosts. The backends add their own through the
 entry-point group `hvd_ddp_compare.doctor` (a module with CHECKS, run first, and PROBES, run last):
 hvd_train checks Horovod's build and MPI, and runs a short allreduce between the hosts.
 """

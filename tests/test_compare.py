@@ -78,10 +78,12 @@ def test_report_verdicts_match_the_run_directories(default_matrix):
     why = report.splitlines()[report.splitlines().index(line) + 1]
     assert why.startswith("  Why, measured:") and "horovod-gloo+predivide" in why
     assert ("gone (bitwise identical)" if closer == 0 else f"the gap is {closer:.1e}") in why
-    # Throughput: the median of each cell, from each run's summary.json.
+    # Throughput: the median of each cell, from each run's summary.json, with the host it ran on.
+    host = runs["ddp@2#1"]["config"]["hosts"][0]
+    assert "### On one host" in report and "### Across hosts" not in report
     for key in ("ddp@2", "horovod-gloo@2"):
         value = statistics.median([r["summary"]["samples_per_s"] for name, r in runs.items() if name.startswith(key)])
-        assert f"| {key} | {value:.1f} |" in report
+        assert f"| {key} | {host} | {value:.1f} |" in report
     for name, run in runs.items():
         assert f"| {name} | {run['summary']['steps']} |" in report
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import launch
-from ..launch.remote import run_on_hosts
+from ..launch.remote import run_commands, shown as shown_commands
 from .rundirs import run_name
-from .sites import HERE, ThisHost
+from .sites import ThisHost
 
 EPOCH_LINE = re.compile(r"^epoch (\d+) step (\d+)/(\d+)")
 
@@ -150,8 +150,7 @@ class MatrixRunner:
         commands = self.site.commands(planned.launcher, planned.np,
                                       self.train_args + planned.extra_args + ["--run-dir", str(run_dir)],
                                       python=self.python, index=index)
-        shown = "; ".join(" ".join(cmd) if host == HERE else f"{host}$ {' '.join(cmd)}"
-                          for host, cmd in commands.items())
+        shown = shown_commands(commands)
         self.echo(f"[{index + 1}/{total}] starting {planned.name}: {shown}")
         t0 = time.monotonic()
 
@@ -163,13 +162,8 @@ class MatrixRunner:
                 self.echo(f"    {planned.name} epoch {match.group(1)} step {step}/{steps} "
                           f"· elapsed {_fmt_seconds(time.monotonic() - started)} · ETA {_fmt_seconds(eta)}")
 
-        env = launch.job_env(python=self.python)
-        if HERE in commands:
-            result = launch.run(commands[HERE], timeout=self.timeout_s, env=env, log=run_dir / "launch.log",
-                                on_line=progress)
-        else:
-            result = run_on_hosts(commands, timeout=self.timeout_s, env=env, cwd=Path.cwd(),
-                                  log=run_dir / "launch.log", on_line=progress)
+        result = run_commands(commands, timeout=self.timeout_s, env=launch.job_env(python=self.python), cwd=Path.cwd(),
+                              log=run_dir / "launch.log", on_line=progress)
         lines = result.output.splitlines()
         if result.timed_out:
             lines.append(f"compare: error: run exceeded --run-timeout {self.timeout_s:.0f}s")

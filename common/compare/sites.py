@@ -10,9 +10,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import launch
 from ..launch.hosts import parse_hosts, place, spell
-
-#: the key of a command that is started once, from this host, whatever hosts its ranks run on
-HERE = ""
+from ..launch.remote import commands_for
 
 
 class ThisHost:
@@ -33,9 +31,9 @@ class ThisHost:
 
     def commands(self, launcher: launch.Launcher, np: int, args: Sequence[str], python: str,
                  index: int) -> Dict[str, List[str]]:
-        """host -> what that host runs for one run (HERE: one command started from this host); `index`
+        """host -> what that host runs for one run (see common.launch.remote.commands_for); `index`
         numbers the runs, so that each gets a rendezvous port of its own."""
-        return {HERE: launcher.command(np, args, python=python)}
+        return commands_for(launcher, np, args, python=python)
 
 
 class Hosts(ThisHost):
@@ -61,11 +59,7 @@ class Hosts(ThisHost):
 
     def commands(self, launcher: launch.Launcher, np: int, args: Sequence[str], python: str,
                  index: int) -> Dict[str, List[str]]:
-        placed = self.placement(np)
-        cmd = launcher.command(np, args, python=python, hosts=placed, port=self.port + index)
-        if launcher.per_host:
-            return {host: cmd for host, _ in parse_hosts(placed)}
-        return {HERE: cmd}
+        return commands_for(launcher, np, args, python=python, hosts=self.placement(np), port=self.port + index)
 
     def used_hosts(self, world_sizes: Sequence[int]) -> List[Tuple[str, int]]:
         """The hosts that the largest world size places ranks on (every other size uses a prefix of them)."""
@@ -92,10 +86,6 @@ class SlurmAllocation(Hosts):
             raise ValueError("--slurm runs Horovod through srun with its MPI controller; Gloo needs horovodrun "
                              "(drop --hvd-controllers gloo)")
         return launch.find(backend, "mpi" if backend == "horovod" else None, slurm=True)
-
-    def commands(self, launcher: launch.Launcher, np: int, args: Sequence[str], python: str,
-                 index: int) -> Dict[str, List[str]]:
-        return {HERE: launcher.command(np, args, python=python, hosts=self.placement(np), port=self.port + index)}
 
 
 def node_names(nodelist: str) -> List[str]:
