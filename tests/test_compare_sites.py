@@ -52,6 +52,7 @@ def test_slurm_runs_both_backends_through_srun(in_allocation):
      "--np 6 on --hosts node0:4,node1:4 places node0:4,node1:2: torchrun starts the same number of processes on "
      "every host"),
     (["--hosts", "node0:x"], {}, "bad host entry 'node0:x'"),
+    (["--hosts", "node0:2", "--runs", "a", "b"], {}, "--hosts says where to launch runs; --runs launches none"),
 ])
 def test_a_site_that_cannot_run_the_matrix_is_one_line_before_anything_starts(tmp_path, args, env, message):
     outside = [] if env else ["env", "-u", "SLURM_JOB_ID"]  # not in an allocation, whatever runs the tests

@@ -110,6 +110,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.runs:
         if train_args:
             return fail(f"training options ({' '.join(train_args)}) do nothing with --runs; remove them")
+        if args.hosts or args.slurm:
+            return fail(f"{'--slurm' if args.slurm else '--hosts'} says where to launch runs; --runs launches none, "
+                        "remove it")
         try:
             runs = [read_run(path) for path in args.runs]
         except ValueError as exc:
