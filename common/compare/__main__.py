@@ -77,7 +77,7 @@ def choose_site(args: argparse.Namespace) -> ThisHost:
     return ThisHost()
 
 
-def preflight(site: Hosts, world_sizes: List[int], port: int, runs: int) -> List[str]:
+def preflight(site: Hosts, world_sizes: List[int], port: int) -> List[str]:
     """The launch doctor's checks on the hosts the runs use (ssh, the project's paths, the rendezvous port,
     the interface): the failed ones, a line each with its fix; empty when every check passed."""
     import io
@@ -126,7 +126,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ValueError as exc:
             return fail(str(exc))
         if isinstance(site, Hosts) and not site.slurm:
-            findings = preflight(site, world_sizes, args.port, len(planned))
+            findings = preflight(site, world_sizes, args.port)
             if findings:
                 for line in findings:
                     print(f"{PROG}: {line}", file=sys.stderr)
