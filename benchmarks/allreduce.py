@@ -158,15 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
 def link_speed(hosts: str) -> Optional[Dict]:
     """The link from this host to the first other host of `hosts`: interface, address and speed (bytes/s
     from /sys/class/net/IFACE/speed, None where the interface does not report one). None on one host."""
-    from common.doctor import route_source
-    from common.launch.hosts import is_local, local_addresses, parse_hosts, resolve
+    from common.launch.hosts import is_local, parse_hosts, resolve, route_to
 
     remote = next((h for h, _ in parse_hosts(hosts) if not is_local(h)), None)
     addresses = resolve(remote) if remote else []
     if not addresses:
         return None
-    source = route_source(addresses[0])
-    interface = local_addresses().get(source, "?")
+    interface, source = route_to(addresses[0])
     try:
         mbps = int(Path(f"/sys/class/net/{interface}/speed").read_text().strip())
     except (OSError, ValueError):

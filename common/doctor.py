@@ -26,9 +26,9 @@ from importlib.metadata import entry_points
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import launch
-from .launch.hosts import is_local, local_addresses, parse_hosts, resolve
+from .launch.hosts import is_local, local_addresses, parse_hosts, resolve, route_to
+from .launch.remote import SSH_CONNECT_TIMEOUT_S, SSH_OPTIONS
 
-SSH_CONNECT_TIMEOUT_S = 5
 ENTRY_POINT_GROUP = "hvd_ddp_compare.doctor"
 
 
@@ -65,8 +65,7 @@ def run_command(cmd: Sequence[str], timeout: float, env: Optional[Dict[str, str]
 
 def ssh_command(host: str, ssh_port: Optional[int], identity: Optional[str], remote: Sequence[str]) -> List[str]:
     """Non-interactive ssh to `host` that gives up after a short connect timeout."""
-    cmd = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}",
-           "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=2"]
+    cmd = ["ssh", *SSH_OPTIONS]
     if ssh_port:
         cmd += ["-p", str(ssh_port)]
     if identity:
@@ -179,14 +178,6 @@ def check_paths_remote(host: str, folder: str, python: str, ssh_port: Optional[i
 IFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME")
 
 
-def route_source(address: str) -> str:
-    """The local address the kernel would send from to reach `address` (a UDP connect sends nothing)."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as sock:
-        sock.connect((address, 9))
-        return sock.getsockname()[0]
-
-
 def check_interface(hosts: List[Tuple[str, int]], local: Dict[str, bool]) -> Tuple[Check, Optional[str]]:
     """The interface (and address) that reaches the other hosts, named; FAIL when there is no route, when
     this host's own name resolves to loopback (Gloo would listen there), or when an interface variable
@@ -207,11 +198,10 @@ def check_interface(hosts: List[Tuple[str, int]], local: Dict[str, bool]) -> Tup
     if not addrs:
         return Check(name, False, f"{target} does not resolve", f"add {target} to /etc/hosts or DNS on this host"), None
     try:
-        source = route_source(addrs[0])
+        iface, source = route_to(addrs[0])
     except OSError as exc:
         return Check(name, False, f"no route to {target} ({addrs[0]}): {exc.strerror}",
                      f"connect this host to {target}'s network, or fix the routing table (ip route)"), None
-    iface = interfaces.get(source, "?")
     me = socket.gethostname()
     mine = resolve(me)
     if mine and all(ipaddress.ip_address(a).is_loopback for a in mine):

@@ -70,7 +70,7 @@ class Liveness:
                 except OSError:
                     pass  # the asking rank gave up or went away; nothing to answer
 
-    def know(self, addresses: Sequence[Address], hosts: Sequence[str] = ()) -> None:
+    def know(self, addresses: Sequence[Address], hosts: Sequence[str]) -> None:
         """Every rank's address and host name, in rank order (from a collective at start-up)."""
         self.peers = [tuple(a) for a in addresses]
         self.hosts = list(hosts)

@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import launch
 from ..launch.hosts import parse_hosts, place, spell
+from ..launch.placement import slurm_counts
 from ..launch.remote import commands_for
 
 
@@ -104,11 +105,7 @@ def tasks_per_node(env: Dict[str, str], nodes: int) -> List[int]:
     the CPUs Slurm gave each node."""
     if env.get("SLURM_NTASKS_PER_NODE"):
         return [int(env["SLURM_NTASKS_PER_NODE"])] * nodes
-    spec = env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_JOB_CPUS_PER_NODE") or ""
-    counts: List[int] = []
-    for part in filter(None, spec.split(",")):
-        count, _, times = part.partition("(x")
-        counts += [int(count)] * (int(times.rstrip(")")) if times else 1)
+    counts = slurm_counts(env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_JOB_CPUS_PER_NODE") or "")
     if len(counts) != nodes:
         raise ValueError(f"cannot tell how many tasks each of the {nodes} nodes runs; export "
                          "SLURM_NTASKS_PER_NODE (sbatch --ntasks-per-node N)")

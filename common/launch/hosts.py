@@ -42,6 +42,16 @@ def resolve(host: str) -> List[str]:
     return sorted(set(addrs), key=lambda a: (":" in a, addrs.index(a)))
 
 
+def route_to(address: str) -> Tuple[str, str]:
+    """(interface, local address) the kernel would send from to reach `address` (a UDP connect sends
+    nothing); OSError when there is no route."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.connect((address, 9))
+        source = sock.getsockname()[0]
+    return local_addresses().get(source, "?"), source
+
+
 def is_local(host: str) -> bool:
     """True when `host` is this machine: its name, localhost, or an address of one of its interfaces."""
     if host in ("localhost", socket.gethostname(), socket.getfqdn()):

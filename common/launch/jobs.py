@@ -94,6 +94,11 @@ class Job:
         """The exit code, or None while it runs."""
         return self.proc.poll()
 
+    @property
+    def returncode(self) -> Optional[int]:
+        """The launcher's exit code once it ended (None before)."""
+        return self.proc.returncode
+
     def send_signal(self, sig: int) -> None:
         """Signal the launcher (not its workers), as a user's Ctrl-C or `kill` would."""
         self.proc.send_signal(sig)
@@ -211,13 +216,18 @@ class Result:
     timed_out: bool = False
 
 
+def finish(job, timeout: float) -> Result:
+    """Wait for a started job (a Job, or common.launch.remote.HostsJob) to end; past `timeout` seconds it is
+    stopped and `timed_out` is set. Ctrl-C while waiting stops it too."""
+    with job:
+        try:
+            code, timed_out = job.wait(timeout=timeout), False
+        except JobTimeout:
+            code, timed_out = job.returncode, True
+    return Result(job.cmd, code, job.output, job.seconds, timed_out)
+
+
 def run(cmd: Sequence[str], timeout: float, *, env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None,
         log: Optional[Path] = None, on_line: Optional[Callable[[str], None]] = None) -> Result:
     """Run `cmd` to its end as a Job; past `timeout` seconds it is stopped and `timed_out` is set."""
-    with Job(cmd, env=env, cwd=cwd, log=log, on_line=on_line) as job:
-        try:
-            code = job.wait(timeout=timeout)
-            timed_out = False
-        except JobTimeout:
-            code, timed_out = job.proc.returncode, True
-    return Result(job.cmd, code, job.output, job.seconds, timed_out)
+    return finish(Job(cmd, env=env, cwd=cwd, log=log, on_line=on_line), timeout)

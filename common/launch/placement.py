@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
 #: (family, rank, world size, local rank, local world size) variables, in order of precedence
 FAMILIES = (
@@ -47,14 +47,19 @@ def _int(env: Mapping[str, str], name: Optional[str]) -> Optional[int]:
     return int(value) if value.strip().isdigit() else None
 
 
-def slurm_tasks_on_this_node(env: Mapping[str, str]) -> int:
-    """This node's entry of SLURM_STEP_TASKS_PER_NODE ('2(x3),1' is 2, 2, 2, 1), at SLURM_NODEID."""
-    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1"
-    counts = []
+def slurm_counts(spec: str) -> List[int]:
+    """Slurm's per-node counts, '2(x3),1' -> [2, 2, 2, 1] (SLURM_TASKS_PER_NODE, SLURM_JOB_CPUS_PER_NODE)."""
+    counts: List[int] = []
     for part in spec.split(","):
         m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if m:
             counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def slurm_tasks_on_this_node(env: Mapping[str, str]) -> int:
+    """This node's entry of SLURM_STEP_TASKS_PER_NODE ('2(x3),1' is 2, 2, 2, 1), at SLURM_NODEID."""
+    counts = slurm_counts(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1")
     node = _int(env, "SLURM_NODEID") or 0
     return counts[node] if node < len(counts) else (counts[0] if counts else 1)
 

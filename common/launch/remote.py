@@ -16,16 +16,18 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .hosts import is_local, parse_hosts
-from .jobs import Job, JobTimeout, Result, run
+from .jobs import Job, JobTimeout, Result, finish
 from .registry import Launcher
 
 #: the key of a command that is started once, from this host, whatever hosts its ranks run on
 HERE = ""
 
+#: seconds ssh waits for a host to answer before it gives up
+SSH_CONNECT_TIMEOUT_S = 5
 #: ssh options: never ask for a password, give up on a host that does not answer within seconds, and
-#: notice a host that drops off the network while its command runs
-SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "ServerAliveInterval=3",
-               "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR")
+#: notice a host that drops off the network while a command runs
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}",
+               "-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3")
 #: variables a remote command gets from this host: the tools' PATH and the settings of the libraries
 #: that choose interfaces and threads
 FORWARDED = re.compile(r"^(PATH|PYTHONPATH|PYTHONUNBUFFERED|(GLOO|NCCL|TORCH|HOROVOD|OMP|MKL)_\w+)$")
@@ -38,7 +40,8 @@ def over_ssh(host: str, cmd: Sequence[str], cwd: Path, env: Dict[str, str]) -> L
     """`cmd` as started on `host` from here: ssh to it, cd to the same folder, the forwarded variables."""
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if FORWARDED.match(k))
     remote = f"cd {shlex.quote(str(cwd))} && exec env {exports} {shlex.join([str(c) for c in cmd])}"
-    return ["ssh", "-tt", *SSH_OPTIONS, host, remote]
+    # LogLevel=ERROR: no "Connection to HOST closed." after every command that had a terminal
+    return ["ssh", "-tt", *SSH_OPTIONS, "-o", "LogLevel=ERROR", host, remote]
 
 
 def on_hosts(commands: Dict[str, Sequence[str]], cwd: Path, env: Dict[str, str]) -> Dict[str, List[str]]:
@@ -90,6 +93,12 @@ class HostsJob:
     @property
     def seconds(self) -> float:
         return time.monotonic() - self.started
+
+    @property
+    def returncode(self) -> Optional[int]:
+        """The first failed command's exit code, 0 when all succeeded, None while one runs."""
+        codes = [job.returncode for job in self.jobs.values()]
+        return next((c for c in codes if c), None if None in codes else 0)
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """0 when every command succeeded, else the first failure's exit code; JobTimeout (after stopping
@@ -155,20 +164,10 @@ def shown(commands: Dict[str, List[str]]) -> str:
 
 def run_commands(commands: Dict[str, Sequence[str]], timeout: float, *, env: Dict[str, str], cwd: Path,
                  log: Optional[Path] = None, on_line: Optional[Callable[[str], None]] = None) -> Result:
-    """Run what commands_for gave to its end: a Job for a command started from here, else a HostsJob."""
+    """Run what commands_for gave to its end (a Job for a command started from here, else a HostsJob); past
+    `timeout` seconds every command is stopped and `timed_out` is set."""
     if HERE in commands:
-        return run(commands[HERE], timeout=timeout, env=env, cwd=cwd, log=log, on_line=on_line)
-    return run_on_hosts(commands, timeout, env=env, cwd=cwd, log=log, on_line=on_line)
-
-
-def run_on_hosts(commands: Dict[str, Sequence[str]], timeout: float, *, env: Dict[str, str], cwd: Path,
-                 log: Optional[Path] = None, on_line: Optional[Callable[[str], None]] = None) -> Result:
-    """Run one command per host to their end as a HostsJob; past `timeout` seconds every one is stopped
-    and `timed_out` is set."""
-    with HostsJob(commands, env=env, cwd=cwd, log=log, on_line=on_line) as job:
-        try:
-            code, timed_out = job.wait(timeout=timeout), False
-        except JobTimeout:
-            code = next((j.proc.returncode for j in job.jobs.values() if j.proc.returncode), 1)
-            timed_out = True
-    return Result(job.cmd, code, job.output, job.seconds, timed_out)
+        job = Job(commands[HERE], env=env, cwd=cwd, log=log, on_line=on_line)
+    else:
+        job = HostsJob(commands, env=env, cwd=cwd, log=log, on_line=on_line)
+    return finish(job, timeout)
