@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
+from .launch import placement as _placement
 from .launch.placement import rank_hint
+from .launch.together import leave_together
 
 DATASETS = ("digits", "synthetic", "mnist", "cifar10", "imagefolder")
 MODELS = ("mlp", "convnet", "mnist_net", "resnet18", "resnet50")
@@ -288,14 +290,15 @@ def fail_usage(prog: str, message: str) -> NoReturn:
 
     Under a launcher every rank finds the same bad input at about the same moment; the launcher stops
     the others as soon as one exits (horovodrun, mpirun), so a rank lingers a moment for the others to
-    print their own line too.
+    print their own line too, and the ranks on a host leave together (common.launch.together).
     """
     print_error(f"{prog}: error: {message}")
-    if rank_hint() is not None:
+    here = _placement.detect()
+    if here.family is not None:
         # A launcher that stops this rank while it lingers (after a sibling exited) still sees exit code 2.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: os._exit(2))
-        time.sleep(max(0.0, SIBLING_GRACE_S - (time.monotonic() - STARTED)))
+        leave_together(here, time.time() + SIBLING_GRACE_S - (time.monotonic() - STARTED))
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # nor while the interpreter shuts down
     sys.exit(2)
 
