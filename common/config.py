@@ -205,6 +205,9 @@ class Config:
     tensorboard: bool = option(False, "run", "also write TensorBoard event files to RUN_DIR/tensorboard (rank 0)")
     progress: str = option("auto", "run", "tqdm progress bar on rank 0; auto: only when stderr is a terminal",
                            choices=("auto", "on", "off"))
+    perturb_ulp: int = option(0, "run", "move every nonzero initial weight N units in the last place away from zero: "
+                                        "the smallest disturbance, whose effect on the result is the noise floor "
+                                        "compare-backends measures; 0: off", parse=non_negative_int, metavar="N")
     # reduction
     reduction: str = option("allreduce", "reduction", "allreduce: each backend's own gradient averaging (fast; bitwise "
                                                       "equal across backends only at 2 ranks); exact: fixed-point sums "
@@ -345,6 +348,27 @@ def options_markdown() -> str:
         name = name.replace("|", "\\|")  # GitHub's tables take an escaped pipe, also inside code
         rows.append(f"| `{name}` | {default} | {text} |")
     return "\n".join(rows) + "\n"
+
+
+def config_argv(settings: Dict[str, Any], leave_out: Sequence[str] = ("run_dir", "resume")) -> List[str]:
+    """The training options that give these settings (config.json's "config"), defaults left out."""
+    argv: List[str] = []
+    for field in options():
+        value = settings.get(field.name, field.default)
+        if field.name in leave_out or value == field.default or (field.metadata["repeat"] and not value):
+            continue
+        if field.name == "batch_size" and (settings.get("global_batch") is not None
+                                           or settings.get("reduction") == "exact"):
+            continue  # the global batch sets it
+        flag = flag_of(field)
+        if field.type in (bool, "bool"):
+            argv.append(flag)
+        elif field.metadata["repeat"]:
+            for item in value:
+                argv += [flag, str(item)]
+        else:
+            argv += [flag, str(value)]
+    return argv
 
 
 def parse_config(argv: Optional[Sequence[str]], prog: str, description: str) -> Config:

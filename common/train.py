@@ -23,6 +23,7 @@ from .finite import LossWatch, NonFinite, nonfinite_tensors, weights_message
 from .launch.placement import default_threads
 from .metrics import SumMeter
 from .modelcheck import check_trainable
+from .disturb import perturb_ulp
 from .models import build_model, choose_model, gradient_bytes
 from .plugins import parse_literals
 from .optim import lr_at, make_optimizer, set_lr
@@ -133,6 +134,7 @@ class Trainer:
                                      self.info.num_classes, config.seed, parse_literals(config.model_arg))
             check_trainable(self.model, config.model, self.train_set, self.info.num_classes,
                             exact=config.reduction == "exact")
+            perturb_ulp(self.model, config.perturb_ulp)  # every rank alike, before the first broadcast
             backend.select_device(config.device)
         except (UsageError, ValueError, RuntimeError) as exc:
             fail_usage(self.prog, str(exc))
@@ -439,7 +441,8 @@ class Trainer:
         self.run_dir.open(keep_until_step=pos.step if pos.resumed_from else None)
         self.run_dir.write_json("config.json", config_record(
             self.config, self.backend, rank_hosts, self.threads, self.info, self.model_choice.record(),
-            len(self.train_set), len(self.val_set), self.batches, self.precision.describe(), self.profiler.describe(), pos.resumed_from))
+            len(self.train_set), len(self.val_set), self.batches, self.precision.describe(), self.profiler.describe(), pos.resumed_from,
+            buffers=[name for name, _ in self.plain_model.named_buffers()]))
         for note in pos.notes:
             self.run_dir.log("note", step=pos.step, message=note)
 
