@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..config import OneLineParser, build_parser
 from . import arguments, benchmarks, report
-from .analysis import DEFAULT_TOLERANCE
-from .matrix import MatrixRunner, failure_record, plan
+from . import floor
+from .analysis import DEFAULT_TOLERANCE, FLOOR_MARGIN, weight_difference
+from .matrix import MatrixRunner, failure_record, plan, rerun_disturbed
 from .rundirs import check_comparable, number_repeats, read_run
 from .sites import Hosts, SlurmAllocation, ThisHost
 
@@ -36,6 +37,13 @@ def build_compare_parser() -> argparse.ArgumentParser:
                    help="runs that explain a gap between DDP and Horovod at 3 ranks or more, at the largest world "
                         "size: predivide (Horovod dividing before the sum, as DDP does), deterministic (Horovod "
                         "without tensor fusion, twice: is it reproducible then?), none")
+    p.add_argument("--noise-floor", choices=("on", "off"), default="on",
+                   help="on: where backends end with different weights (3 ranks or more), one more run of the first "
+                        "backend with its initial weights moved by one ulp measures how far rounding alone carries a "
+                        "run, and gaps are judged against it; with --runs, a disturbed run among them is used, else "
+                        "one is made by rerunning a given run's settings here")
+    p.add_argument("--floor-margin", type=float, default=FLOOR_MARGIN,
+                   help="a gap up to this many times the noise floor is within it")
     p.add_argument("--hosts", "-H", metavar="HOST:SLOTS,...",
                    help="run across these hosts, as horovodrun -H spells them (node0:4,node1:4); each world size is "
                         "placed on them in order. Needs passwordless ssh and the same paths on every host; the "
@@ -88,6 +96,30 @@ def preflight(site: Hosts, world_sizes: List[int], port: int) -> List[str]:
     return [check.line().replace("\n", " ").replace("      fix:", " fix:") for check in checks if check.ok is False]
 
 
+def measure_missing_floors(runs: List, args: argparse.Namespace) -> Dict[int, str]:
+    """Make the noise floor where runs differ and none was measured (given --runs: by rerunning one of them
+    here with the disturbance; the new run joins `runs`); world size -> why the floor stays unknown."""
+    unknown: Dict[int, str] = {}
+    # A floor judges gaps beyond the tolerance; only for those is a run made here.
+    for world in floor.missing(runs, lambda a, b: weight_difference(a, b) > args.tolerance):
+        if args.noise_floor == "off":
+            unknown[world] = "--noise-floor off"
+        elif not args.runs:
+            unknown[world] = f"no disturbed run was made at world size {world}"
+        else:
+            source = floor.to_disturb(runs, world)
+            print(f"{PROG}: no disturbed run at world size {world} among --runs; rerunning {source.name}'s settings "
+                  "here with --perturb-ulp 1", flush=True)
+            made, why = rerun_disturbed(source, args.out, args.run_timeout, lambda line: print(line, flush=True))
+            if made is None:
+                unknown[world] = why
+                continue
+            disturbed = read_run(made)
+            disturbed.launch["note"] = f"made by the comparison from {source.path}"
+            runs.append(disturbed)
+    return unknown
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the comparison; 0 when every run succeeded, 1 when one failed, 2 on bad input."""
     args, train_args = build_compare_parser().parse_known_args(argv)
@@ -122,7 +154,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         world_sizes = sorted(set(args.world_sizes))
         try:
             site = choose_site(args)
-            planned = plan(args.backends, world_sizes, args.hvd_controllers, args.repeats, explain, site)
+            planned = plan(args.backends, world_sizes, args.hvd_controllers, args.repeats, explain, site,
+                           floor=args.noise_floor == "on")
         except ValueError as exc:
             return fail(str(exc))
         if isinstance(site, Hosts) and not site.slurm:
@@ -159,7 +192,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not args.force:
             return fail("runs are not comparable: " + "; ".join(reasons) + " (use --force to compare anyway)")
         notes.append("Compared with --force although: " + "; ".join(reasons) + ".")
-    summary = report.build(runs, failures, args.out, args.tolerance, notes, bench)
+    unknown = measure_missing_floors(runs, args)
+    summary = report.build(runs, failures, args.out, args.tolerance, notes, bench, unknown, args.floor_margin)
     print(f"{PROG}: report {(args.out / 'report.md').resolve()}")
     for p in summary["parity"]:
         if p["kind"] == "backends":

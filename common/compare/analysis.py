@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-from . import stats
+from . import gaps, stats
 from .rundirs import Run
 
 #: max |Δw| at or below which non-identical weights are called equal (summation order only)
 DEFAULT_TOLERANCE = 1e-5
+
+
+#: a gap up to this many times the noise floor is within it: the floor is one sample of how far rounding
+#: carries a run, and rounding's effect grows by orders of magnitude over a chaotic run
+FLOOR_MARGIN = 10.0
 
 
 def weight_difference(a: Run, b: Run) -> float:
@@ -24,44 +29,70 @@ def weight_difference(a: Run, b: Run) -> float:
     return worst
 
 
-def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE) -> Dict:
-    """How closely two runs learned the same thing: per-step loss differences, the first
-    differing step, final max |Δw|, and a verdict in words."""
+def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional[Dict] = None,
+           margin: float = FLOOR_MARGIN) -> Dict:
+    """How closely two runs learned the same thing: per-step loss differences (absolute and relative to the
+    loss), the first differing step, the final weights' gaps per tensor, and a verdict in words, judged
+    against the noise floor `floor` (common.compare.floor; {"unknown": why} when there is none)."""
     la, lb = a.step_losses(), b.step_losses()
     steps = sorted(set(la) & set(lb))
     diffs = [abs(la[s] - lb[s]) for s in steps]
     first_diff = next((s for s, d in zip(steps, diffs) if d != 0.0), None)
     identical = a.summary.get("weights_sha256") == b.summary.get("weights_sha256")
     max_dw = 0.0 if identical else weight_difference(a, b)
-    if identical:
-        verdict = "bitwise identical"
-    elif max_dw <= tolerance:
-        verdict = f"equal within {max_dw:.1e}"
-    else:
-        where = f"first differing step {first_diff}" if first_diff is not None else "per-step losses equal"
-        verdict = f"diverged: {where}, final max |Δw| {max_dw:.3g}"
-    return {
+    tensors = None if identical else gaps.tensor_gaps(a, b)
+    gap = 0.0 if identical else gaps.headline(tensors)
+    rel_loss = gaps.relative_loss_gaps(a, b)
+    out = {
         "a": a.name, "b": b.name, "world_size": a.world_size if a.world_size == b.world_size else None,
-        "steps_compared": len(steps), "loss_diff": dict(zip(steps, diffs)),
-        "max_loss_diff": max(diffs) if diffs else None, "first_differing_step": first_diff,
-        "max_abs_weight_diff": max_dw, "bitwise_identical": identical, "verdict": verdict,
-        "val_top1": [a.summary.get("val_top1"), b.summary.get("val_top1")],
+        "steps_compared": len(steps), "loss_diff": dict(zip(steps, diffs)), "rel_loss_diff": rel_loss,
+        "max_loss_diff": max(diffs) if diffs else None, "max_rel_loss_diff": max(rel_loss.values(), default=None),
+        "first_differing_step": first_diff, "max_abs_weight_diff": max_dw, "bitwise_identical": identical,
+        "gap": gap, "gaps": tensors, "val_top1": [a.summary.get("val_top1"), b.summary.get("val_top1")],
+        "noise_floor": None, "floor_ratio": None, "within_noise_floor": None,
     }
+    if not identical and floor is not None and "gap" in floor:
+        out.update(noise_floor=floor["gap"], floor_run=floor["disturbed"],
+                   floor_ratio=gap / floor["gap"] if floor["gap"] > 0 else float("inf"))
+        out["within_noise_floor"] = out["floor_ratio"] <= margin
+    out["verdict"] = _verdict(out, tolerance, gaps.dominant(tensors), floor)
+    return out
 
 
-def parity_table(runs: List[Run], tolerance: float = DEFAULT_TOLERANCE) -> List[Dict]:
+def _verdict(p: Dict, tolerance: float, tensor: Optional[str], floor: Optional[Dict]) -> str:
+    if p["bitwise_identical"]:
+        return "bitwise identical"
+    if p["max_abs_weight_diff"] <= tolerance:
+        return f"equal within {p['max_abs_weight_diff']:.1e}"
+    where = f", most in {tensor}" if tensor else ""
+    if p["within_noise_floor"] is True:
+        return (f"within the noise floor: parameters differ by {p['gap']:.2g} (‖Δ‖/‖w‖{where}), a disturbance of "
+                f"one ulp gives {p['noise_floor']:.2g}")
+    if p["within_noise_floor"] is False:
+        return (f"beyond the noise floor: parameters differ by {p['gap']:.2g} (‖Δ‖/‖w‖{where}), rounding alone "
+                f"gives {p['noise_floor']:.2g} ({p['floor_ratio']:.3g}x)")
+    step = p["first_differing_step"]
+    why = (floor or {}).get("unknown") or f"no disturbed run at world size {p['world_size']}"
+    return (f"differs: parameters by {p['gap']:.2g} (‖Δ‖/‖w‖{where}), final max |Δw| {p['max_abs_weight_diff']:.3g}"
+            f"{f', first differing step {step}' if step is not None else ''}; noise floor unknown ({why})")
+
+
+def parity_table(runs: List[Run], tolerance: float = DEFAULT_TOLERANCE, floors: Optional[Dict[int, Dict]] = None,
+                 margin: float = FLOOR_MARGIN) -> List[Dict]:
     """Parity of every pair of backends at each world size (first repeat of each; the explaining variants,
     labelled backend+variant, are left to common.compare.explain), and of repeats of one backend against
-    its first run (reproducibility)."""
+    its first run (reproducibility), each judged against the noise floor of its world size (`floors`:
+    world size -> common.compare.floor's measure, or {"unknown": why})."""
+    floors = floors or {}
     out = []
     firsts = [r for r in runs if r.repeat == 0]
     for a, b in combinations([r for r in firsts if "+" not in r.label], 2):
         if a.world_size == b.world_size:
-            out.append({"kind": "backends", **parity(a, b, tolerance)})
+            out.append({"kind": "backends", **parity(a, b, tolerance, floors.get(a.world_size), margin)})
     for run in runs:
         if run.repeat > 0:
             base = next(r for r in firsts if r.key == run.key)
-            out.append({"kind": "repeat", **parity(base, run, tolerance)})
+            out.append({"kind": "repeat", **parity(base, run, tolerance, floors.get(run.world_size), margin)})
     return out
 
 

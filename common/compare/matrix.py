@@ -8,11 +8,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import launch
 from ..launch.remote import run_commands, shown as shown_commands
-from .rundirs import run_name
+from ..config import config_argv
+from ..rundir import SUMMARY_FILE
+from .rundirs import Run, run_name
 from .sites import ThisHost
 
 EPOCH_LINE = re.compile(r"^epoch (\d+) step (\d+)/(\d+)")
@@ -23,6 +25,10 @@ EPOCH_LINE = re.compile(r"^epoch (\d+) step (\d+)/(\d+)")
 #: twice (whether Horovod is then reproducible); each names the training options it adds
 EXPLAIN = {"predivide": ("--predivide",), "deterministic": ("--deterministic",)}
 EXPLAIN_REPEATS = {"predivide": 1, "deterministic": 2}
+#: the noise floor's run: the first backend again with its initial weights moved by one ulp
+#: (common.compare.floor), at each world size where backends can differ; skipped when they did not
+FLOOR = "perturbed"
+VARIANT_ARGS = {**EXPLAIN, FLOOR: ("--perturb-ulp", "1")}
 
 
 @dataclass
@@ -34,6 +40,8 @@ class PlannedRun:
     np: int
     repeat: int
     variant: Optional[str] = None
+    #: run only when the cells at this world size ended with different weights (the noise floor's run)
+    if_cells_differ: bool = False
 
     @property
     def label(self) -> str:
@@ -41,7 +49,7 @@ class PlannedRun:
 
     @property
     def extra_args(self) -> List[str]:
-        return list(EXPLAIN.get(self.variant, ()))
+        return list(VARIANT_ARGS.get(self.variant, ()))
 
     @property
     def name(self) -> str:
@@ -53,12 +61,15 @@ class PlannedRun:
 
 
 def plan(backends: Sequence[str], world_sizes: Sequence[int], controllers: Optional[Sequence[str]],
-         repeats: int, explain: Sequence[str] = ("predivide",), site: ThisHost = ThisHost()) -> List[PlannedRun]:
+         repeats: int, explain: Sequence[str] = ("predivide",), site: ThisHost = ThisHost(),
+         floor: bool = True) -> List[PlannedRun]:
     """The runs to make. Repeats are interleaved (all cells once, then again) so that drift in
     the machine's speed spreads over every cell. With controllers=None Horovod runs the Gloo
     controller at every size and the MPI controller at the largest (under Slurm: MPI at every size).
     With both backends and a world size of 3 or more, the `explain` variants of Horovod (Gloo; under
-    Slurm MPI; see EXPLAIN) run at the largest size. ValueError when the site cannot run a cell."""
+    Slurm MPI; see EXPLAIN) run at the largest size. With `floor`, every world size of 3 or more where
+    two cells meet gets one noise-floor run of its first cell (FLOOR; at 1 and 2 ranks correct backends are
+    bitwise identical). ValueError when the site cannot run a cell."""
     largest = max(world_sizes)
     if controllers is None and site.slurm:
         controllers = ["mpi"]
@@ -78,6 +89,11 @@ def plan(backends: Sequence[str], world_sizes: Sequence[int], controllers: Optio
         horovod = site.launcher("horovod", "mpi" if site.slurm else "gloo")
         runs += [PlannedRun(horovod, largest, r, variant) for variant in explain
                  for r in range(EXPLAIN_REPEATS[variant])]
+    if floor:
+        for np in world_sizes:
+            here = [launcher for launcher, size in cells if size == np]
+            if np >= 3 and len(here) >= 2:
+                runs.append(PlannedRun(here[0], np, 0, FLOOR, if_cells_differ=True))
     site.check(sorted({run.launcher for run in runs}, key=lambda l: l.name), world_sizes)
     return runs
 
@@ -129,6 +145,10 @@ class MatrixRunner:
         outcomes: List[Outcome] = []
         started = time.monotonic()
         for index, planned in enumerate(runs):
+            if planned.if_cells_differ and not cells_differ(planned.np, outcomes):
+                self.echo(f"[{index + 1}/{len(runs)}] skipped {planned.name}: every run at world size {planned.np} "
+                          "ended with bitwise identical weights, so no noise floor is needed")
+                continue
             outcome = self._run_one(planned, index, len(runs), started, outcomes)
             outcomes.append(outcome)
             status = "ok" if outcome.returncode == 0 else f"FAILED (exit {outcome.returncode}): {outcome.error}"
@@ -177,7 +197,36 @@ class MatrixRunner:
         return Outcome(planned, run_dir, returncode, result.seconds, shown, error)
 
 
+def cells_differ(np: int, done: List[Outcome]) -> bool:
+    """Whether the first runs of the cells at world size `np` that succeeded ended with different weights."""
+    digests = set()
+    for outcome in done:
+        planned = outcome.planned
+        if planned.np == np and planned.repeat == 0 and planned.variant is None and outcome.returncode == 0:
+            try:
+                digests.add(json.loads((outcome.run_dir / SUMMARY_FILE).read_text()).get("weights_sha256"))
+            except (OSError, ValueError):
+                continue
+    return len(digests) > 1
+
+
 def failure_record(outcome: Outcome) -> Dict:
     """A failed run as the report shows it."""
     return {"name": outcome.planned.name, "returncode": outcome.returncode, "error": outcome.error,
             "command": outcome.command, "log": str(outcome.run_dir / "launch.log")}
+
+
+def rerun_disturbed(run: Run, out: Path, timeout_s: float, echo: Callable[[str], None]) -> Tuple[Optional[Path], str]:
+    """Run `run`'s recorded settings again on this host, through its backend's launcher and with the noise
+    floor's disturbance: (the new run directory, "") or (None, why it could not be made)."""
+    backend = run.config.get("backend") or {}
+    try:
+        launcher = ThisHost().launcher(backend.get("name", ""), backend.get("controller"))
+    except (KeyError, ValueError) as exc:
+        return None, f"{run.name} has no launcher here ({exc})"
+    runner = MatrixRunner(config_argv(run.settings, leave_out=("run_dir", "resume", "perturb_ulp")), out,
+                          timeout_s=timeout_s, echo=echo)
+    outcomes = runner.run_all([PlannedRun(launcher, run.world_size, 0, FLOOR)])
+    if outcomes[0].returncode != 0:
+        return None, f"rerunning {run.name} with --perturb-ulp 1 here failed: {outcomes[0].error}"
+    return outcomes[0].run_dir, ""

@@ -4,7 +4,7 @@ and the benchmark scripts share (throughput and scaling efficiency against world
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import matplotlib
 
@@ -37,19 +37,51 @@ def _empty(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
-def curves(runs: List[Run], out: Path) -> str:
-    """Training loss and validation top-1/top-5 against epoch, one line per backend x world size."""
+def _floor_spread(runs: List[Run], floor: Dict) -> Dict[int, Dict[str, float]]:
+    """Per epoch, how far the noise floor's disturbed run is from its base: |Δ train loss|, |Δ top-1|."""
+    by_name = {r.name: r for r in runs}
+    base, disturbed = by_name.get(floor["base"]), by_name.get(floor["disturbed"])
+    if base is None or disturbed is None:
+        return {}
+    theirs = {e["epoch"]: e for e in disturbed.epochs()}
+    spread = {}
+    for e in base.epochs():
+        other = theirs.get(e["epoch"])
+        if other is not None:
+            top1 = (e.get("val_top1"), other.get("val_top1"))
+            spread[e["epoch"]] = {"loss": abs(e["train_loss"] - other["train_loss"]),
+                                  "top1": abs(top1[0] - top1[1]) if None not in top1 else 0.0}
+    return spread
+
+
+def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None) -> str:
+    """Training loss and validation top-1/top-5 against epoch, one line per backend x world size; where a
+    noise floor was measured, a band of its spread (the disturbed run's distance from its base) around each
+    curve of that world size."""
+    floors = floors or {}
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    for run in [r for r in runs if r.repeat == 0]:
+    for run in [r for r in runs if r.repeat == 0 and not r.label.endswith("+perturbed")]:
         epochs = run.epochs()
+        spread = _floor_spread(runs, floors[run.world_size]) if run.world_size in floors else {}
         xs = [e["epoch"] + 1 for e in epochs]
-        line, = ax_loss.plot(xs, [e["train_loss"] for e in epochs], marker="o", ms=3, label=run.key)
+        losses = [e["train_loss"] for e in epochs]
+        line, = ax_loss.plot(xs, losses, marker="o", ms=3, label=run.key)
+        if spread:
+            d = [spread.get(e["epoch"], {}).get("loss", 0.0) for e in epochs]
+            ax_loss.fill_between(xs, [y - w for y, w in zip(losses, d)], [y + w for y, w in zip(losses, d)],
+                                 color=line.get_color(), alpha=0.2, lw=0)
         evals = [e for e in epochs if e.get("val_top1") is not None]
-        ax_acc.plot([e["epoch"] + 1 for e in evals], [100 * e["val_top1"] for e in evals], marker="o", ms=3,
+        top1 = [100 * e["val_top1"] for e in evals]
+        ax_acc.plot([e["epoch"] + 1 for e in evals], top1, marker="o", ms=3,
                     color=line.get_color(), label=f"{run.key} top-1")
+        if spread:
+            d = [100 * spread.get(e["epoch"], {}).get("top1", 0.0) for e in evals]
+            ax_acc.fill_between([e["epoch"] + 1 for e in evals], [y - w for y, w in zip(top1, d)],
+                                [y + w for y, w in zip(top1, d)], color=line.get_color(), alpha=0.2, lw=0)
         ax_acc.plot([e["epoch"] + 1 for e in evals], [100 * e["val_top5"] for e in evals], ls="--",
                     color=line.get_color(), label=f"{run.key} top-5")
-    ax_loss.set(xlabel="epoch", ylabel="training loss", title="Training loss", yscale="log")
+    title = "Training loss" + (" (bands: noise floor)" if floors else "")
+    ax_loss.set(xlabel="epoch", ylabel="training loss", title=title, yscale="log")
     ax_acc.set(xlabel="epoch", ylabel="validation accuracy (%)", title="Validation top-1 (solid), top-5 (dashed)")
     for ax in (ax_loss, ax_acc):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -135,33 +167,41 @@ def time_split(rows: List[Dict], out: Path) -> str:
     return save(fig, out / PLOTS["time_split"])
 
 
-def parity(pairs: List[Dict], out: Path) -> str:
-    """Per-step |Δloss| between backends, and the final max |Δw| per pair."""
+def parity(pairs: List[Dict], floors: Dict[int, Dict], out: Path) -> str:
+    """Left: per-step |Δloss| / loss of every backend pair and of the noise floor (dashed) on one axis.
+    Right: the final parameters' largest ‖Δ‖/‖w‖ per pair, with its world size's noise floor marked."""
     pairs = [p for p in pairs if p["kind"] == "backends"]
     fig, (ax_loss, ax_w) = plt.subplots(1, 2, figsize=(11, 4))
+    tiny = 1e-12
     for p in pairs:
-        steps = sorted(p["loss_diff"], key=int)
-        ax_loss.plot([int(s) for s in steps], [p["loss_diff"][s] for s in steps], label=f"{p['a']} vs {p['b']}")
-    ax_loss.set(xlabel="step", ylabel="|Δ loss| (rank 0)", title="Per-step loss difference")
-    ax_loss.set_yscale("symlog", linthresh=1e-9)
-    worst_loss = max([max(p["loss_diff"].values(), default=0.0) for p in pairs], default=0.0)
-    ax_loss.set_ylim(0, max(worst_loss * 10, 1e-8))
+        steps = sorted(p["rel_loss_diff"], key=int)
+        ax_loss.plot([int(s) for s in steps], [max(p["rel_loss_diff"][s], tiny) for s in steps],
+                     label=f"{p['a']} vs {p['b']}")
+    for world, f in sorted(floors.items()):
+        steps = sorted(f["rel_loss_diff"], key=int)
+        ax_loss.plot([int(s) for s in steps], [max(f["rel_loss_diff"][s], tiny) for s in steps], ls="--",
+                     color="gray", label=f"noise floor @{world} (1 ulp)")
+    ax_loss.set(xlabel="step", ylabel="|Δ loss| / loss (rank 0)", title="Per-step loss gap", yscale="log")
     names = [f"{p['a']}\nvs {p['b']}" for p in pairs]
-    values = [p["max_abs_weight_diff"] for p in pairs]
-    bars = ax_w.bar(names, values, color=["#66c2a5" if p["bitwise_identical"] else "#fc8d62" for p in pairs])
-    for bar, p in zip(bars, pairs):
-        ax_w.annotate("identical" if p["bitwise_identical"] else f"{p['max_abs_weight_diff']:.1e}",
+    values = [max(p["gap"], tiny) if p["gap"] != float("inf") else 1.0 for p in pairs]
+    colors = ["#66c2a5" if p["bitwise_identical"] or p["within_noise_floor"] else
+              "#fc8d62" if p["within_noise_floor"] is False else "#bbbbbb" for p in pairs]
+    bars = ax_w.bar(names, values, color=colors)
+    for i, (bar, p) in enumerate(zip(bars, pairs)):
+        ax_w.annotate("identical" if p["bitwise_identical"] else f"{p['gap']:.1e}",
                       (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=7)
-    ax_w.set_yscale("symlog", linthresh=1e-9)
-    finite = [v for v in values if v != float("inf")]
-    ax_w.set_ylim(0, max(max(finite, default=0.0) * 10, 1e-8))
-    ax_w.set(ylabel="final max |Δw|", title="Final weight difference")
+        if p["noise_floor"] is not None:
+            ax_w.plot([i - 0.4, i + 0.4], [max(p["noise_floor"], tiny)] * 2, color="black", ls="--",
+                      label="noise floor" if i == next(j for j, q in enumerate(pairs) if q["noise_floor"] is not None)
+                      else None)
+    ax_w.set_yscale("log")
+    ax_w.set(ylabel="parameters' largest ‖Δ‖/‖w‖", title="Final weight gap (green: identical or within the floor)")
     ax_w.tick_params(axis="x", labelsize=6)
     if not pairs:
         _empty(ax_loss, "needs two backends at one world size")
         _empty(ax_w, "needs two backends at one world size")
     for ax in (ax_loss, ax_w):
         ax.grid(alpha=0.3)
-    if ax_loss.lines:
-        ax_loss.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     return save(fig, out / PLOTS["parity"])

@@ -7,17 +7,21 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..rundir import json_safe
-from . import analysis, benchmarks, explain, plots
+from . import analysis, benchmarks, explain, floor, plots
 from .tables import markdown as _table, number as _fmt
 from .rundirs import Run, setting_differences
 
 
 def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, notes: List[str],
-          bench: Optional[Dict] = None) -> Dict:
+          bench: Optional[Dict] = None, unknown_floors: Optional[Dict[int, str]] = None,
+          margin: float = analysis.FLOOR_MARGIN) -> Dict:
     """Analyse `runs`, draw the plots into `out`, write report.md and summary.json; return the summary.
-    `bench` (from benchmarks.load) adds the allreduce and throughput benchmark section."""
+    `bench` (from benchmarks.load) adds the allreduce and throughput benchmark section; `unknown_floors`
+    says why a world size has no noise floor; `margin` is how many floors a gap may be and be within it."""
     out.mkdir(parents=True, exist_ok=True)
-    pairs = analysis.parity_table(runs, tolerance)
+    floors = floor.floors(runs)
+    judged = {**{world: {"unknown": why} for world, why in (unknown_floors or {}).items()}, **floors}
+    pairs = analysis.parity_table(runs, tolerance, judged, margin)
     throughput = analysis.throughput_table(runs)
     speed = analysis.speed_verdicts(runs, throughput)
     scaling = analysis.scaling_table(throughput)
@@ -26,11 +30,11 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
     explanations = explain.explanations(pairs, runs)
     world_sizes = explain.world_size_verdicts(runs)
     figures = {
-        "curves": plots.curves(runs, out),
+        "curves": plots.curves(runs, out, floors),
         "throughput": plots.throughput(throughput, out),
         "scaling": plots.scaling(scaling, out),
         "time_split": plots.time_split(split, out),
-        "parity": plots.parity(pairs, out),
+        "parity": plots.parity(pairs, floors, out),
     }
     summary = {
         "runs": [{"name": r.name, "path": str(r.path), "backend": r.label, "world_size": r.world_size,
@@ -40,6 +44,8 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
                   "versions": r.config.get("versions"), "settings": r.settings} for r in runs],
         "failures": failures,
         "parity": pairs,
+        "noise_floors": floors,
+        "floor_margin": margin,
         "explanations": explanations,
         "world_sizes": world_sizes,
         "throughput": throughput,
@@ -126,15 +132,7 @@ def _markdown(s: Dict, runs: List[Run], bench_section: List[str]) -> str:
           _fmt(a["val_top1"]), _fmt(a["val_top5"]), _fmt(a["wall_s"], ".1f")] for a in s["accuracy"]]),
         "", f"![training and validation curves]({s['plots']['curves']})", ""]
 
-    md += ["## Do they learn the same?", "",
-           "Rank 0's loss is compared at every logged step; weights are compared after the last step "
-           f"(called equal when the largest element-wise weight difference is ≤ {s['tolerance']:.0e}).", "", _table(
-               ["pair", "kind", "steps compared", "first differing step", "max Δloss", "final max Δw",
-                "verdict"],
-               [[f"{p['a']} vs {p['b']}", p["kind"], p["steps_compared"], p["first_differing_step"] or "none",
-                 _fmt(p["max_loss_diff"], ".3g"), _fmt(p["max_abs_weight_diff"], ".3g"), p["verdict"]]
-                for p in s["parity"]]),
-           "", f"![parity]({s['plots']['parity']})", ""]
+    md += _parity_section(s)
 
     md += ["## Speed", "", "Training samples/s over all ranks, first step excluded; median (min–max) "
            "over repeats. Runs on one host communicate through loopback and shared memory, runs across hosts "
@@ -182,3 +180,40 @@ def _markdown(s: Dict, runs: List[Run], bench_section: List[str]) -> str:
         md += ["Settings of the runs (first run; differences listed above):", "", "```json",
                json.dumps(runs[0].settings, indent=2, sort_keys=True), "```", ""]
     return "\n".join(md)
+
+
+def _group_cell(group: Optional[Dict]) -> str:
+    if not group:
+        return ""
+    top = group["largest"][0]["tensor"] if group["largest"] else None
+    return _fmt(group["max_rel"], ".2g") + (f" ({top})" if top else "")
+
+
+def _parity_section(s: Dict) -> List[str]:
+    """Do they learn the same: the verdicts' meaning, the per-pair gaps, the noise floor, the plot."""
+    md = ["## Do they learn the same?", "",
+          "Rank 0's loss is compared at every logged step and the final weights tensor by tensor: ‖Δ‖/‖w‖ is a "
+          "tensor's gap relative to its size, parameters and buffers (such as BatchNorm's running statistics) "
+          "apart. Weights are called equal when the largest element-wise difference is ≤ "
+          f"{s['tolerance']:.0e}. Beyond that, the parameters' largest ‖Δ‖/‖w‖ is judged against the noise floor: "
+          "how far the same backend drifts from itself when its initial weights are moved by one unit in the last "
+          f"place. A gap up to {s['floor_margin']:g}x the floor is **within the noise floor** (the backends round "
+          "differently and train the same); a larger one is **beyond** it (they train differently).", "", _table(
+              ["pair", "kind", "first differing step", "max Δloss / loss", "parameters ‖Δ‖/‖w‖", "buffers ‖Δ‖/‖w‖",
+               "final max Δw", "noise floor", "gap / floor", "verdict"],
+              [[f"{p['a']} vs {p['b']}", p["kind"], p["first_differing_step"] or "none",
+                _fmt(p["max_rel_loss_diff"], ".2g"), _group_cell((p["gaps"] or {}).get("parameters")),
+                _group_cell((p["gaps"] or {}).get("buffers")), _fmt(p["max_abs_weight_diff"], ".3g"),
+                _fmt(p["noise_floor"], ".2g"), _fmt(p["floor_ratio"], ".3g"), p["verdict"]]
+               for p in s["parity"]]), ""]
+    if s["noise_floors"]:
+        md += ["### Noise floor", ""]
+        for world, f in sorted(s["noise_floors"].items()):
+            buffers = (f["gaps"] or {}).get("buffers")
+            md.append(f"- World size {world}: {f['base']} vs {f['disturbed']} (initial weights moved by {f['ulp']} "
+                      f"ulp): parameters drift by {_fmt(f['gap'], '.2g')} ‖Δ‖/‖w‖"
+                      + (f" (most in {f['tensor']})" if f["tensor"] else "")
+                      + (f", buffers by {_fmt(buffers['max_rel'], '.2g')}" if buffers else "")
+                      + f", the loss by at most {_fmt(f['max_rel_loss_diff'], '.2g')} of itself.")
+        md.append("")
+    return md + [f"![parity]({s['plots']['parity']})", ""]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -32,6 +32,7 @@ class Run:
     events: List[Dict]
     repeat: int = 0
     launch: Dict = field(default_factory=dict)
+    _weights: Optional[Dict[str, torch.Tensor]] = field(default=None, repr=False)
 
     @property
     def settings(self) -> Dict:
@@ -44,7 +45,8 @@ class Run:
     @property
     def label(self) -> str:
         """Backend and, for Horovod, its controller, then the variants that change how it sums:
-        ddp, horovod-gloo, horovod-mpi, horovod-gloo+predivide, horovod-gloo+deterministic."""
+        ddp, horovod-gloo, horovod-mpi, horovod-gloo+predivide, horovod-gloo+deterministic; a run whose
+        initial weights were disturbed (--perturb-ulp) ends in +perturbed: ddp+perturbed."""
         backend = self.config["backend"]
         label = backend.get("name", "unknown")
         if label == "horovod" and backend.get("controller"):
@@ -53,6 +55,8 @@ class Run:
             label += "+predivide"
         if backend.get("deterministic"):
             label += "+deterministic"
+        if self.settings.get("perturb_ulp"):
+            label += "+perturbed"
         return label
 
     @property
@@ -76,9 +80,19 @@ class Run:
                 last[e["epoch"]] = e
         return [last[k] for k in sorted(last)]
 
+    def buffer_names(self) -> set:
+        """Which entries of the weights are buffers, not parameters (config.json's record; for a run that
+        has none, the usual names of BatchNorm's statistics)."""
+        recorded = self.config.get("buffers")
+        if recorded is not None:
+            return set(recorded)
+        return {k for k in self.weights() if k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
+
     def weights(self) -> Dict[str, torch.Tensor]:
-        """The final state_dict (weights_only: nothing in the file is executed)."""
-        return torch.load(self.path / MODEL_FILE, map_location="cpu", weights_only=True)
+        """The final state_dict (weights_only: nothing in the file is executed), read once."""
+        if self._weights is None:
+            self._weights = torch.load(self.path / MODEL_FILE, map_location="cpu", weights_only=True)
+        return self._weights
 
 
 def read_run(path: Path) -> Run:
