@@ -597,6 +597,52 @@ def stop_latency_table(results: Results, name: str) -> str:
     return framed(results, [name], body)
 
 
+def noise_floor_table(results: Results, name: str) -> str:
+    """The DDP/Horovod gap and the noise floor side by side, with the verdict they give."""
+
+    def body() -> str:
+        result = results.get(name)
+        st, pair, floor = result["settings"], result["pair"], result["floor"]
+
+        def row(label: str, entry: Dict) -> List[str]:
+            params, buffers = entry["tensors"].get("parameters") or {}, entry["tensors"].get("buffers") or {}
+            top = (params.get("largest") or [{}])[0].get("tensor")
+            return [label, f"{entry['gap']:.2g}" + (f" ({top})" if top else ""),
+                    tables.number(buffers.get("max_rel"), ".2g"), tables.number(params.get("max_abs"), ".3g"),
+                    tables.number(buffers.get("max_abs"), ".3g"), tables.number(entry["max_rel_loss_diff"], ".2g")]
+
+        rows = [row(f"{pair['a']} vs {pair['b']}", pair)]
+        if floor:
+            rows.append(row(f"{floor['base']} vs {floor['disturbed']} ({floor['ulp']} ulp: the floor)", floor))
+        return (f"{st['np']} ranks, `{' '.join(st['train_args'])}`:\n\n"
+                + tables.markdown(["pair", "parameters ‖Δ‖/‖w‖ (largest in)", "buffers ‖Δ‖/‖w‖",
+                                   "parameters max |Δw|", "buffers max |Δw|", "max Δloss / loss"], rows)
+                + f"\n\nVerdict: **{pair['verdict']}** (gap / floor {tables.number(pair['floor_ratio'], '.3g')}, "
+                f"within up to {result['floor_margin']:g}x)." + _failures(result))
+
+    return framed(results, [name], body)
+
+
+def noise_floor_sentence(results: Results, name: str) -> str:
+    """The measured example in one paragraph, as docs/comparing.md quotes it (tests/test_docs.py checks)."""
+    result = results.get(name)
+    if result is None:
+        return MISSING_FILE.format(path=results.path(name))
+    pair, floor = result["pair"], result["floor"]
+
+    def part(entry: Dict, kind: str) -> str:
+        group = entry["tensors"].get(kind) or {}
+        top = (group.get("largest") or [{}])[0].get("tensor")
+        return f"{group.get('max_rel', 0):.2g}" + (f" (most in `{top}`)" if top else "")
+
+    return (f"The backends' parameters end {part(pair, 'parameters')} apart and their buffers "
+            f"{part(pair, 'buffers')}, the largest element-wise difference {pair['max_abs_weight_diff']:.3g}; the "
+            f"loss differs first at step {pair['first_differing_step']}, by up to "
+            f"{pair['max_rel_loss_diff']:.2g} of itself. DDP against itself after a one-ulp disturbance: "
+            f"parameters {part(floor, 'parameters')}, buffers {part(floor, 'buffers')}, the loss up to "
+            f"{floor['max_rel_loss_diff']:.2g}. Verdict: *{pair['verdict']}*.")
+
+
 def exact_cost_tables(results: Results, name: str) -> str:
     """--reduction exact against allreduce: speed and bytes per step, fixed-point error, distance after a run."""
 
@@ -651,5 +697,6 @@ BLOCKS: Dict[str, Callable[..., str]] = {
     "ddp_comm_hook_table": ddp_comm_hook_table,
     "horovod_cycle_table": horovod_cycle_table,
     "stop_latency_table": stop_latency_table,
+    "noise_floor_table": noise_floor_table,
     "exact_cost_tables": exact_cost_tables,
 }

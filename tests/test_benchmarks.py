@@ -22,7 +22,7 @@ RUN_ALL = REPO / "benchmarks" / "run_all.sh"
 #: benchmark module -> the file it writes into its --out folder
 WRITES = {"allreduce": "allreduce.json", "throughput": "throughput.json", "loop_overhead": "loop_overhead.json",
           "horovod_cycle": "horovod_cycle.json", "ddp_comm_hook": "ddp_comm_hook.json",
-          "stop_latency": "stop_latency.json", "exact_cost": "exact_cost.json"}
+          "stop_latency": "stop_latency.json", "exact_cost": "exact_cost.json", "noise_floor": "noise_floor.json"}
 #: set in the QUICK run's environment: an `auto` sweep value must take it away from the job
 EXPORTED_CYCLE_TIME = "3"
 

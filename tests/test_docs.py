@@ -103,3 +103,12 @@ def test_flags_named_in_training_docs_are_training_options():
     unknown = sorted(named - training_flags())
     assert not unknown, (f"docs/training.md names {', '.join(unknown)}, which python -m ddp_train does not take; "
                          "fix the docs, or add a flag of another program to OTHER_PROGRAMS")
+
+
+def test_the_noise_floor_example_quotes_the_committed_result():
+    from benchmarks.render import RESULTS
+    from benchmarks.sections import Results, noise_floor_sentence
+
+    sentence = noise_floor_sentence(Results(RESULTS), "noise_floor.json")
+    assert sentence.startswith("The backends' parameters end ")
+    assert sentence in (DOCS / "comparing.md").read_text().replace("\n", " ")
