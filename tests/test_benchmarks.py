@@ -380,3 +380,15 @@ def test_exact_cost_compares_both_modes_at_each_world_size(quick):
     assert error["micro_batches"] == 2 and 0 <= error["fixed_point"] < 1e-6 and 0 <= error["float32_sum"] < 1e-3
     assert data["distance"] is None  # --no-distance
 
+
+
+def test_noise_floor_keeps_the_pair_and_its_floor(quick):
+    out, _ = quick
+    data = read(out, "noise_floor.json")
+    pair, floor = data["pair"], data["floor"]
+    assert (pair["a"], pair["b"]) == ("ddp@3#1", "horovod-gloo@3#1") and data["settings"]["np"] == 3
+    # At 3 ranks the backends differ in the last bits, so the floor's run was made and measured.
+    assert positive(pair["gap"]) and pair["verdict"]
+    assert floor["disturbed"] == "ddp+perturbed@3#1" and floor["ulp"] == 1 and positive(floor["gap"])
+    assert pair["floor_ratio"] == pytest.approx(pair["gap"] / floor["gap"])
+    assert "parameters" in pair["tensors"] and "parameters" in floor["tensors"]

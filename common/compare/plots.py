@@ -70,6 +70,7 @@ def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None)
             d = [spread.get(e["epoch"], {}).get("loss", 0.0) for e in epochs]
             ax_loss.fill_between(xs, [y - w for y, w in zip(losses, d)], [y + w for y, w in zip(losses, d)],
                                  color=line.get_color(), alpha=0.2, lw=0)
+            ax_loss.errorbar(xs, losses, yerr=d, fmt="none", ecolor=line.get_color(), capsize=3, alpha=0.6)
         evals = [e for e in epochs if e.get("val_top1") is not None]
         top1 = [100 * e["val_top1"] for e in evals]
         ax_acc.plot([e["epoch"] + 1 for e in evals], top1, marker="o", ms=3,
@@ -78,6 +79,8 @@ def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None)
             d = [100 * spread.get(e["epoch"], {}).get("top1", 0.0) for e in evals]
             ax_acc.fill_between([e["epoch"] + 1 for e in evals], [y - w for y, w in zip(top1, d)],
                                 [y + w for y, w in zip(top1, d)], color=line.get_color(), alpha=0.2, lw=0)
+            ax_acc.errorbar([e["epoch"] + 1 for e in evals], top1, yerr=d, fmt="none", ecolor=line.get_color(),
+                            capsize=3, alpha=0.6)  # a band of one epoch is a bar
         ax_acc.plot([e["epoch"] + 1 for e in evals], [100 * e["val_top5"] for e in evals], ls="--",
                     color=line.get_color(), label=f"{run.key} top-5")
     title = "Training loss" + (" (bands: noise floor)" if floors else "")
@@ -195,6 +198,9 @@ def parity(pairs: List[Dict], floors: Dict[int, Dict], out: Path) -> str:
                       label="noise floor" if i == next(j for j, q in enumerate(pairs) if q["noise_floor"] is not None)
                       else None)
     ax_w.set_yscale("log")
+    marks = values + [max(p["noise_floor"], tiny) for p in pairs if p["noise_floor"] is not None]
+    if marks:
+        ax_w.set_ylim(min(marks) / 10, max(marks) * 10)
     ax_w.set(ylabel="parameters' largest ‖Δ‖/‖w‖", title="Final weight gap (green: identical or within the floor)")
     ax_w.tick_params(axis="x", labelsize=6)
     if not pairs:
