@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional
 
 from . import gaps
-from .rundirs import Run
+from .rundirs import DISTURBED, Run
 
-SUFFIX = "+perturbed"
+SUFFIX = "+" + DISTURBED
 
 
 def is_disturbed(run: Run) -> bool:

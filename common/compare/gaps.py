@@ -54,9 +54,9 @@ def relative_loss_gaps(a: Run, b: Run) -> Dict[int, float]:
     return out
 
 
-def headline(gaps: Optional[Dict]) -> Optional[float]:
+def headline(gaps: Optional[Dict]) -> float:
     """The one number a verdict compares: the largest per-tensor relative gap of the parameters (of the
-    buffers for a model without parameters that differ)."""
+    buffers for a model without floating-point parameters; inf when the state dicts do not match)."""
     if gaps is None:
         return float("inf")
     group = gaps["parameters"] or gaps["buffers"]

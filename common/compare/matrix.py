@@ -13,8 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from .. import launch
 from ..launch.remote import run_commands, shown as shown_commands
 from ..config import config_argv
-from ..rundir import SUMMARY_FILE
-from .rundirs import Run, run_name
+from .rundirs import DISTURBED, Run, read_run, run_name
 from .sites import ThisHost
 
 EPOCH_LINE = re.compile(r"^epoch (\d+) step (\d+)/(\d+)")
@@ -27,7 +26,7 @@ EXPLAIN = {"predivide": ("--predivide",), "deterministic": ("--deterministic",)}
 EXPLAIN_REPEATS = {"predivide": 1, "deterministic": 2}
 #: the noise floor's run: the first backend again with its initial weights moved by one ulp
 #: (common.compare.floor), at each world size where backends can differ; skipped when they did not
-FLOOR = "perturbed"
+FLOOR = DISTURBED
 VARIANT_ARGS = {**EXPLAIN, FLOOR: ("--perturb-ulp", "1")}
 
 
@@ -204,8 +203,8 @@ def cells_differ(np: int, done: List[Outcome]) -> bool:
         planned = outcome.planned
         if planned.np == np and planned.repeat == 0 and planned.variant is None and outcome.returncode == 0:
             try:
-                digests.add(json.loads((outcome.run_dir / SUMMARY_FILE).read_text()).get("weights_sha256"))
-            except (OSError, ValueError):
+                digests.add(read_run(outcome.run_dir).summary.get("weights_sha256"))
+            except ValueError:  # not a complete run directory: nothing to compare
                 continue
     return len(digests) > 1
 

@@ -12,7 +12,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from . import stats  # noqa: E402
+from . import floor, stats  # noqa: E402
 from .rundirs import Run  # noqa: E402
 
 PLOTS = {
@@ -60,7 +60,7 @@ def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None)
     curve of that world size."""
     floors = floors or {}
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    for run in [r for r in runs if r.repeat == 0 and not r.label.endswith("+perturbed")]:
+    for run in [r for r in runs if r.repeat == 0 and not floor.is_disturbed(r)]:
         epochs = run.epochs()
         spread = _floor_spread(runs, floors[run.world_size]) if run.world_size in floors else {}
         xs = [e["epoch"] + 1 for e in epochs]

@@ -13,6 +13,8 @@ from ..rundir import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SUMMARY_FILE
 
 #: settings that must be equal for runs to be compared at all
 MUST_MATCH = ("model", "dataset", "seed", "batch_size")
+#: the label variant of a run whose initial weights were disturbed (--perturb-ulp): ddp+perturbed
+DISTURBED = "perturbed"
 #: settings that never change what is learned, so they are not reported as differences
 IGNORED = ("run_dir", "log_every", "eval_every", "workers", "device")
 
@@ -56,7 +58,7 @@ class Run:
         if backend.get("deterministic"):
             label += "+deterministic"
         if self.settings.get("perturb_ulp"):
-            label += "+perturbed"
+            label += "+" + DISTURBED
         return label
 
     @property
