@@ -29,12 +29,20 @@ def elastic_job(tmp_path, args):
     return job, run_dir
 
 
+def last_logged_step(run_dir) -> int:
+    """The newest step in metrics.jsonl (rank 0 writes it line by line), 0 before the first."""
+    metrics = run_dir / "metrics.jsonl"
+    steps = [json.loads(line).get("step") or 0 for line in metrics.read_text().splitlines()
+             if line.endswith("}")] if metrics.exists() else []
+    return max(steps, default=0)
+
+
 def test_elastic_job_loses_a_worker_and_finishes_from_the_last_commit(tmp_path):
     job, run_dir = elastic_job(tmp_path, ARGS)
-    # Kill once the end of the second epoch is on disk: rank 0 keeps a state in memory right after writing
-    # its file, with no collective in between, so that epoch-end commit is there to go back to.
-    second_epoch_end = run_dir / "checkpoints" / f"ckpt-{2 * STEPS_PER_EPOCH_2:09d}.pt"
-    job.wait_until(second_epoch_end.exists, f"never wrote {second_epoch_end.name}")
+    # Kill once a step after the end of the second epoch is logged: every rank has passed the barrier after
+    # that checkpoint's file and committed it (the file alone on disk is not yet a commit).
+    job.wait_until(lambda: last_logged_step(run_dir) > 2 * STEPS_PER_EPOCH_2,
+                   f"never logged step {2 * STEPS_PER_EPOCH_2 + 1}")
     worker(str(run_dir), 1).kill()  # its host is blacklisted by the driver; the job goes on without it
     killed = time.monotonic()
     assert job.wait(timeout=240) == 0, job.output[-4000:]
