@@ -107,7 +107,7 @@ def test_host_that_drops_off_fails_its_run_naming_it_and_the_others_complete(clu
 def test_ctrl_c_stops_the_run_on_every_host(cluster, tmp_path):
     out = tmp_path / "interrupted"
     cmd = on_host("node0", [*COMPARE, "--hosts", "node0:2,node1:2", "--np", "4", "--backends", "ddp", "--repeats", "1",
-                            *SHORT, "--max-steps", "400", "--log-every", "5", "--port", "29550", "--out", str(out)])
+                            *SHORT, "--epochs", "100000", "--log-every", "5", "--port", "29550", "--out", str(out)])
     with Job(cmd, env=job_env(), cwd=REPO) as job:
         assert job.wait_for(r"ddp@4#1 epoch 1 step \d+", timeout=120), job.output[-3000:]
         assert job_processes(str(out)), "ranks run on both hosts"
