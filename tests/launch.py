@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import sys
@@ -11,7 +10,6 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
-from filelock import FileLock
 
 from common import launch as launch_layer
 
@@ -80,8 +78,7 @@ class Launched:
 class Runs:
     """Training runs launched once per test session and shared by every test that asks for the same
     (launcher, processes, arguments, launcher options): each assertion reads the run it needs without
-    paying for a launch of its own. The pytest-xdist workers share `root`: the first to ask for a run
-    launches it under a file lock while the others wait for it, then every one reads what it wrote."""
+    paying for a launch of its own."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -91,15 +88,10 @@ class Runs:
                  timeout: float = 240) -> Launched:
         key = (launcher, np, tuple(args), tuple(launcher_args))
         if key not in self.cache:
-            name = f"{launcher}-{np}-{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"
-            run_dir, printed = self.root / name, self.root / f"{name}.result.json"
-            with FileLock(str(self.root / f"{name}.lock")):
-                if not printed.exists():
-                    cmd = command(launcher, np, [*args, "--run-dir", str(run_dir)])
-                    cmd = cmd[:1] + list(launcher_args) + cmd[1:]
-                    result = run_cmd(cmd, timeout=timeout)
-                    printed.write_text(json.dumps(vars(result)))
-                result = Result(**json.loads(printed.read_text())).check()
+            run_dir = self.root / f"run{len(self.cache):03d}-{launcher}-{np}"
+            cmd = command(launcher, np, [*args, "--run-dir", str(run_dir)])
+            cmd = cmd[:1] + list(launcher_args) + cmd[1:]
+            result = run_cmd(cmd, timeout=timeout).check()
             self.cache[key] = Launched(read_run(run_dir), result, run_dir)
         return self.cache[key]
 
