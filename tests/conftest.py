@@ -1,3 +1,4 @@
+import signal
 import sys
 from pathlib import Path
 
@@ -7,6 +8,11 @@ import pytest  # noqa: E402
 
 from cluster import cluster  # noqa: E402,F401  (the simulated two-host cluster, one per session)
 from launch import Runs  # noqa: E402
+
+# A suite started in the background (`make test &`, nohup in a script) inherits SIGINT ignored, and so would
+# every job it starts; the tests send SIGINT as a terminal's Ctrl-C does, so jobs start with the default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
