@@ -10,7 +10,7 @@ import json
 import time
 
 from launch import BIN, PY, launch, read_run
-from processes import Job, assert_nothing_left, worker
+from processes import Job, assert_nothing_left, steps_logged, worker
 
 ARGS = ["--model", "mlp", "--epochs", "8", "--threads", "1", "--checkpoint-every", "10"]
 STEPS_PER_EPOCH_2 = 23  # digits, batch 32, world size 2
@@ -29,19 +29,11 @@ def elastic_job(tmp_path, args):
     return job, run_dir
 
 
-def last_logged_step(run_dir) -> int:
-    """The newest step in metrics.jsonl (rank 0 writes it line by line), 0 before the first."""
-    metrics = run_dir / "metrics.jsonl"
-    steps = [json.loads(line).get("step") or 0 for line in metrics.read_text().splitlines()
-             if line.endswith("}")] if metrics.exists() else []
-    return max(steps, default=0)
-
-
 def test_elastic_job_loses_a_worker_and_finishes_from_the_last_commit(tmp_path):
     job, run_dir = elastic_job(tmp_path, ARGS)
-    # Kill once a step after the end of the second epoch is logged: every rank has passed the barrier after
-    # that checkpoint's file and committed it (the file alone on disk is not yet a commit).
-    job.wait_until(lambda: last_logged_step(run_dir) > 2 * STEPS_PER_EPOCH_2,
+    # Kill once a step after the end of the second epoch is logged: rank 0, which goes on, has passed the
+    # barrier that follows that checkpoint's file and committed it (the file alone is not yet a commit).
+    job.wait_until(lambda: any(e["step"] > 2 * STEPS_PER_EPOCH_2 for e in steps_logged(run_dir)),
                    f"never logged step {2 * STEPS_PER_EPOCH_2 + 1}")
     worker(str(run_dir), 1).kill()  # its host is blacklisted by the driver; the job goes on without it
     killed = time.monotonic()
