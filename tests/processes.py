@@ -16,8 +16,8 @@ class Job(LaunchedJob):
     """A launched job whose output is collected in the background; waits that fail kill it and fail
     the test with its output."""
 
-    def __init__(self, cmd, env=None):
-        super().__init__(cmd, env=job_env(env), cwd=REPO)
+    def __init__(self, cmd, env=None, cwd=REPO):
+        super().__init__(cmd, env=job_env(env), cwd=cwd)
 
     def wait_for(self, pattern: str, timeout: float = 120):
         """Until the output matches `pattern`; the job is killed and the test fails if it never does."""
