@@ -33,7 +33,7 @@ def parameter_gap(a: dict, b: dict, buffers: set) -> float:
 @pytest.fixture(scope="module")
 def resnet_adam(tmp_path_factory):
     out = tmp_path_factory.mktemp("floor")
-    result = compare("--out", out, "--np", "4", "--backends", "ddp,horovod", "--hvd-controllers", "gloo",
+    result = compare("--out", out, "--np", "3", "--backends", "ddp,horovod", "--hvd-controllers", "gloo",
                      "--repeats", "1", "--explain", "none", *RESNET_ADAM, timeout=900)
     assert result.returncode == 0, result.output[-3000:]
     return out, result.output, json.loads((out / "summary.json").read_text())
@@ -42,14 +42,14 @@ def resnet_adam(tmp_path_factory):
 def test_rounding_amplified_by_adam_is_within_the_noise_floor(resnet_adam):
     out, output, summary = resnet_adam
     runs = {r["name"]: r for r in summary["runs"]}
-    assert sorted(runs) == ["ddp+perturbed@4#1", "ddp@4#1", "horovod-gloo@4#1"]  # one extra run
-    disturbed = read_run(runs["ddp+perturbed@4#1"]["path"])
+    assert sorted(runs) == ["ddp+perturbed@3#1", "ddp@3#1", "horovod-gloo@3#1"]  # one extra run
+    disturbed = read_run(runs["ddp+perturbed@3#1"]["path"])
     assert disturbed["config"]["config"]["perturb_ulp"] == 1
-    ddp, hvd = read_run(runs["ddp@4#1"]["path"]), read_run(runs["horovod-gloo@4#1"]["path"])
+    ddp, hvd = read_run(runs["ddp@3#1"]["path"]), read_run(runs["horovod-gloo@3#1"]["path"])
     buffers = set(ddp["config"]["buffers"])
     assert any(name.endswith("running_var") for name in buffers)
     (pair,) = [p for p in summary["parity"] if p["kind"] == "backends"]
-    floor = summary["noise_floors"]["4"]
+    floor = summary["noise_floors"]["3"]
     gap = parameter_gap(ddp["model"], hvd["model"], buffers)
     rounding = parameter_gap(ddp["model"], disturbed["model"], buffers)
     assert pair["gap"] == pytest.approx(gap) and floor["gap"] == pytest.approx(rounding)
@@ -57,7 +57,7 @@ def test_rounding_amplified_by_adam_is_within_the_noise_floor(resnet_adam):
     assert pair["within_noise_floor"] is True
     verdict = f"within the noise floor: parameters differ by {gap:.2g}"
     assert pair["verdict"].startswith(verdict) and f"a disturbance of one ulp gives {rounding:.2g}" in pair["verdict"]
-    assert f"weights @4: ddp@4#1 vs horovod-gloo@4#1: {verdict}" in output
+    assert f"weights @3: ddp@3#1 vs horovod-gloo@3#1: {verdict}" in output
     # Parameters and buffers apart, the tensors that dominate named, from the weights themselves.
     largest = pair["gaps"]["parameters"]["largest"][0]["tensor"]
     assert largest not in buffers and largest in pair["verdict"]
@@ -74,7 +74,7 @@ def test_rounding_amplified_by_adam_is_within_the_noise_floor(resnet_adam):
     assert floor["max_rel_loss_diff"] > 0
     report = (out / "report.md").read_text()
     assert f"**{pair['verdict']}**" in report and "### Noise floor" in report
-    assert f"World size 4: ddp@4#1 vs ddp+perturbed@4#1 (initial weights moved by 1 ulp)" in report
+    assert f"World size 3: ddp@3#1 vs ddp+perturbed@3#1 (initial weights moved by 1 ulp)" in report
     for name in ("parity.png", "curves.png"):
         assert_real_image(out / name)
 
