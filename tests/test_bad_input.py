@@ -52,10 +52,10 @@ def test_bad_input_with_two_ranks_every_rank_prints_its_line_and_exits_2(tmp_pat
         abort = ["--mca", "orte_abort_on_non_zero_status", "0"]
         cmd = cmd[:1] + abort + cmd[1:] if launcher == "mpirun" else \
             [c + " " + " ".join(abort) if c.startswith("--mpi-args=") else c for c in cmd]
-    result = run_cmd(cmd, timeout=60)
+    result = run_cmd(cmd, timeout=120)
     if launcher in ("torchrun", "horovodrun-gloo"):  # mpirun told not to abort returns 0 whatever its ranks did
         assert result.returncode != 0
-    assert result.seconds < 15, f"took {result.seconds:.1f}s"
+    assert result.seconds < 30, f"took {result.seconds:.1f}s"  # the launcher and its ranks start: not a hang
     error_lines = [line for line in result.output.splitlines() if f"{PROGRAM[launcher]}: error: " in line]
     for rank in range(2):
         mine = [line for line in error_lines if re.search(rf"\[rank {rank}\] ", line)]
