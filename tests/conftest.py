@@ -16,6 +16,45 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 
 @pytest.fixture(scope="session")
-def runs(tmp_path_factory):
-    """Training runs shared by all tests of the session: runs(launcher, np, args) -> Launched."""
-    return Runs(tmp_path_factory.mktemp("shared-runs"))
+def runs(tmp_path_factory, worker_id):
+    """Training runs shared by all tests of the session, across its xdist workers: runs(launcher, np, args) ->
+    Launched."""
+    # Every worker's basetemp lies in one folder of the session; alone (-n 0) the session's basetemp is it.
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    root = shared / "shared-runs"
+    root.mkdir(exist_ok=True)
+    return Runs(root)
+
+
+# Modules that use the simulated cluster: it is one per machine, so they run on one worker, one after another.
+CLUSTER_MODULES = {"test_compare_hosts.py", "test_doctor.py", "test_launch_errors.py", "test_multinode.py"}
+# The longest modules first (minutes on 2 cores, the cluster's together), so that the two workers end
+# together; the others follow in their own order.
+LONGEST_FIRST = ["test_compare_hosts.py", "test_doctor.py", "test_launch_errors.py", "test_multinode.py",
+                 "test_faults.py", "test_benchmarks.py", "test_plugins.py", "test_compare.py", "test_exact.py",
+                 "test_knobs.py", "test_noise_floor.py", "test_checkpoint.py", "test_parity.py"]
+
+
+def pytest_collection_modifyitems(items):
+    """Run the modules longest first (a stable sort: within a module, tests keep their order)."""
+    def rank(item):
+        name = Path(str(item.fspath)).name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Give each xdist worker whole modules (their module-scoped runs are launched once), and every module
+    that uses the cluster to the same worker, in the order of the collection (longest first)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # xdist would put the modules with the most tests first
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "cluster" if Path(module).name in CLUSTER_MODULES else module
+
+    return ModuleScheduling(config, log)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import re
 import sys
@@ -78,7 +80,8 @@ class Launched:
 class Runs:
     """Training runs launched once per test session and shared by every test that asks for the same
     (launcher, processes, arguments, launcher options): each assertion reads the run it needs without
-    paying for a launch of its own."""
+    paying for a launch of its own. The pytest-xdist workers share `root`: the first to ask for a run
+    launches it holding the run's lock file while the others wait for it, then each reads what it wrote."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -88,10 +91,15 @@ class Runs:
                  timeout: float = 240) -> Launched:
         key = (launcher, np, tuple(args), tuple(launcher_args))
         if key not in self.cache:
-            run_dir = self.root / f"run{len(self.cache):03d}-{launcher}-{np}"
-            cmd = command(launcher, np, [*args, "--run-dir", str(run_dir)])
-            cmd = cmd[:1] + list(launcher_args) + cmd[1:]
-            result = run_cmd(cmd, timeout=timeout).check()
+            name = f"{launcher}-{np}-{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"
+            run_dir, printed = self.root / name, self.root / f"{name}.result.json"
+            with open(self.root / f"{name}.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not printed.exists():
+                    cmd = command(launcher, np, [*args, "--run-dir", str(run_dir)])
+                    cmd = cmd[:1] + list(launcher_args) + cmd[1:]
+                    printed.write_text(json.dumps(vars(run_cmd(cmd, timeout=timeout))))
+            result = Result(**json.loads(printed.read_text())).check()
             self.cache[key] = Launched(read_run(run_dir), result, run_dir)
         return self.cache[key]
 

@@ -17,6 +17,9 @@ from PIL import Image
 
 from launch import PY, REPO, run_cmd
 
+# The first test's setup is the QUICK run of every step, which takes minutes while another worker runs too.
+pytestmark = pytest.mark.timeout(900)
+
 RESULTS = REPO / "benchmarks" / "results"
 RUN_ALL = REPO / "benchmarks" / "run_all.sh"
 #: benchmark module -> the file it writes into its --out folder
