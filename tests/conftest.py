@@ -26,20 +26,27 @@ def runs(tmp_path_factory, worker_id):
     return Runs(root)
 
 
-# Modules that use the simulated cluster: it is one per machine, so they run on one worker, one after another.
+# Modules that use the simulated cluster: it is one per machine, so they run on one worker, one after another,
+# and first: together they take the longest.
 CLUSTER_MODULES = {"test_compare_hosts.py", "test_doctor.py", "test_launch_errors.py", "test_multinode.py"}
-# The longest modules first (minutes on 2 cores, the cluster's together), so that the two workers end
-# together; the others follow in their own order.
-LONGEST_FIRST = ["test_compare_hosts.py", "test_doctor.py", "test_launch_errors.py", "test_multinode.py",
-                 "test_faults.py", "test_benchmarks.py", "test_plugins.py", "test_compare.py", "test_exact.py",
+# The other modules that take minutes on 2 cores, longest first, so that the two workers end together; the
+# rest follow in their own order.
+LONGEST_FIRST = ["test_faults.py", "test_benchmarks.py", "test_plugins.py", "test_compare.py", "test_exact.py",
                  "test_knobs.py", "test_noise_floor.py", "test_checkpoint.py", "test_parity.py"]
 
 
 def pytest_collection_modifyitems(items):
-    """Run the modules longest first (a stable sort: within a module, tests keep their order)."""
+    """Run the cluster's modules first, then the others longest first (a stable sort: within a module, tests
+    keep their order). A test that uses the cluster outside CLUSTER_MODULES would bring up a second one on
+    the other worker, so it stops the session."""
     def rank(item):
-        name = Path(str(item.fspath)).name
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+        name = item.path.name
+        if name in CLUSTER_MODULES:
+            return 0
+        if "cluster" in getattr(item, "fixturenames", ()):
+            raise pytest.UsageError(f"{item.nodeid} uses the cluster: add {name} to CLUSTER_MODULES in "
+                                    "tests/conftest.py")
+        return 1 + (LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST))
 
     items.sort(key=rank)
 
