@@ -85,15 +85,24 @@ def mlp_base(runs):
     return runs("torchrun", 3, MLP)
 
 
-def test_a_learning_rate_10_percent_higher_is_beyond_the_floor_made_by_a_rerun(runs, mlp_base, tmp_path):
+@pytest.fixture(scope="module")
+def floor_by_rerun(runs, mlp_base, tmp_path_factory):
+    """A comparison of DDP with Horovod at a learning rate 10% higher, given no disturbed run: it makes one.
+    (the comparison's output folder, what it printed, the faster run)"""
     faster = runs("horovodrun-gloo", 3, MLP + ["--lr", "0.055"])
-    result = compare("--runs", mlp_base.dir, faster.dir, "--out", tmp_path / "forced", "--force")
+    out = tmp_path_factory.mktemp("forced")
+    result = compare("--runs", mlp_base.dir, faster.dir, "--out", out, "--force")
     assert result.returncode == 0, result.output[-3000:]
+    return out, result.output, faster
+
+
+def test_a_learning_rate_10_percent_higher_is_beyond_the_floor_made_by_a_rerun(mlp_base, floor_by_rerun):
+    out, output, faster = floor_by_rerun
     # No disturbed run among --runs: one is made here from ddp@3#1's recorded settings.
-    assert "rerunning ddp@3#1's settings here with --perturb-ulp 1" in result.output
-    made = read_run(tmp_path / "forced" / "runs" / "ddp+perturbed-np3-r1")
+    assert "rerunning ddp@3#1's settings here with --perturb-ulp 1" in output
+    made = read_run(out / "runs" / "ddp+perturbed-np3-r1")
     assert made["config"]["config"]["perturb_ulp"] == 1 and made["config"]["config"]["lr"] == 0.05
-    summary = json.loads((tmp_path / "forced" / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     (pair,) = [p for p in summary["parity"] if p["kind"] == "backends"]
     base = read_run(mlp_base.dir)
     gap = parameter_gap(base["model"], faster.run["model"], set())
@@ -103,10 +112,11 @@ def test_a_learning_rate_10_percent_higher_is_beyond_the_floor_made_by_a_rerun(r
     assert f"rounding alone gives {rounding:.2g}" in pair["verdict"]
 
 
-def test_fp16_compression_on_one_side_is_beyond_the_floor_of_a_given_disturbed_run(runs, mlp_base, tmp_path):
+def test_fp16_compression_on_one_side_is_beyond_the_floor_of_a_given_disturbed_run(runs, mlp_base, floor_by_rerun,
+                                                                                  tmp_path):
     compressed = runs("horovodrun-gloo", 3, MLP + ["--compression", "fp16"])
-    disturbed = runs("torchrun", 3, MLP + ["--perturb-ulp", "1"])
-    result = compare("--runs", mlp_base.dir, compressed.dir, disturbed.dir, "--out", tmp_path)
+    disturbed = floor_by_rerun[0] / "runs" / "ddp+perturbed-np3-r1"  # the one the comparison above made
+    result = compare("--runs", mlp_base.dir, compressed.dir, disturbed, "--out", tmp_path)
     assert result.returncode == 0, result.output[-3000:]
     assert "rerunning" not in result.output and not (tmp_path / "runs").exists()  # the floor was given
     summary = json.loads((tmp_path / "summary.json").read_text())
