@@ -115,6 +115,18 @@ def rank_exit_codes(launcher: str, output: str) -> dict:
     return {int(rank): int(code) for rank, code in pairs}
 
 
+def assert_every_rank_exited(launcher: str, output: str, world_size: int, code: int) -> None:
+    """Each rank's exit code, as its launcher reported it, is `code`. horovodrun (Gloo) stops the other ranks
+    as soon as one has ended, and a rank that ends in that moment can go unreported: the middleman waiting on
+    it loses the exit status to horovodrun's own reaping (ECHILD, read as 0, so no line). There, every rank
+    it reports must have `code`, and at least one is reported; the ranks' own lines show they all ended."""
+    codes = rank_exit_codes(launcher, output)
+    if launcher == "horovodrun-gloo":
+        assert codes and set(codes) <= set(range(world_size)) and set(codes.values()) == {code}, output[-3000:]
+    else:
+        assert codes == {rank: code for rank in range(world_size)}, output[-3000:]
+
+
 def read_run(run_dir: Path) -> Dict:
     """config.json, summary.json, metrics events and model.pt of a run directory."""
     run_dir = Path(run_dir)

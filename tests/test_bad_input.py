@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from launch import PY, command, launch, rank_exit_codes, run_cmd
+from launch import PY, assert_every_rank_exited, command, launch, run_cmd
 
 BAD_INPUTS = {
     "missing-data-dir": (["--dataset", "mnist", "--data-dir", "/nonexistent/mnist"], "is not a directory"),
@@ -60,7 +60,7 @@ def test_bad_input_with_two_ranks_every_rank_prints_its_line_and_exits_2(tmp_pat
     for rank in range(2):
         mine = [line for line in error_lines if re.search(rf"\[rank {rank}\] ", line)]
         assert len(mine) == 1 and expected in mine[0], f"rank {rank}:\n{result.output[-3000:]}"
-    assert rank_exit_codes(launcher, result.output) == {0: 2, 1: 2}, result.output[-3000:]
+    assert_every_rank_exited(launcher, result.output, 2, 2)
     _no_traceback_of_ours(result.output)
     assert not (tmp_path / "run" / "summary.json").exists()
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from common.launch import Job as LaunchedJob
-from launch import PY, command, job_env, rank_exit_codes, read_run, run_cmd
+from launch import PY, assert_every_rank_exited, command, job_env, read_run, run_cmd
 
 TOKENS = '''
     """A token-sequence task: the class is the marker token that fills half of each sequence."""
@@ -236,7 +236,7 @@ def test_bad_factory_exits_2_on_every_rank_at_once_with_one_line(folder, tmp_pat
     for rank in range(2):
         mine = [line for line in errors if line.startswith(f"[rank {rank}] ")]
         assert len(mine) == 1 and expected in mine[0], f"rank {rank}:\n{output[-3000:]}"
-    assert rank_exit_codes("torchrun", output) == {0: 2, 1: 2}, output[-3000:]
+    assert_every_rank_exited("torchrun", output, 2, 2)
     assert not re.search(r'File ".*/(common|ddp_train|hvd_train)/', output)  # no traceback of ours
     assert not (tmp_path / "run").exists()
 
@@ -249,7 +249,7 @@ def test_bad_factory_under_horovodrun_exits_2_on_every_rank(folder, tmp_path):
     errors = [line for line in result.output.splitlines() if "hvd_train: error: " in line]
     for rank in range(2):
         assert any(f"[rank {rank}] " in line and expected in line for line in errors), result.output[-3000:]
-    assert rank_exit_codes("horovodrun-gloo", result.output) == {0: 2, 1: 2}, result.output[-3000:]
+    assert_every_rank_exited("horovodrun-gloo", result.output, 2, 2)
 
 
 def test_users_transformer_in_exact_mode_is_bitwise_equal_at_1_and_3_ranks_under_mpirun(folder, tmp_path):
