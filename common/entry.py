@@ -3,20 +3,34 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Tuple
+import gc
+import os
+import sys
+from typing import Callable, NoReturn, Optional, Sequence, Tuple
 
 from . import sigterm_hold
 from .config import parse_config
 
 
 def main(argv: Optional[Sequence[str]], prog: str, description: str,
-         start: Callable[[], Tuple[object, Optional[Callable]]]) -> int:
+         start: Callable[[], Tuple[object, Optional[Callable]]]) -> NoReturn:
     """Parse `argv`; `start()` imports and builds the backend and says how to fit (None: Trainer.fit).
-    Returns the process exit code. SIGTERM is held until the input is checked (the options here, the data
-    and the model in Trainer.prepare), so every rank names bad input itself."""
+    Ends the process with its exit code. SIGTERM is held until the input is checked (the options here, the
+    data and the model in Trainer.prepare), so every rank names bad input itself."""
     sigterm_hold.hold()
     config = parse_config(argv, prog=prog, description=description)  # bad options: fail_usage exits 2
     from .train import run
 
     backend, fit = start()
-    return run(config, backend, prog=prog, fit=fit)
+    leave(run(config, backend, prog=prog, fit=fit))
+
+
+def leave(code: int) -> NoReturn:
+    """End a rank whose run directory is written and whose backend has left the job. Not through the
+    interpreter's teardown: there torch's C++ threads (gloo work of a destroyed process group) can abort a
+    rank that finished ("terminate called without an active exception", SIGABRT), and the launcher then
+    reports a complete run as a failed job."""
+    gc.collect()  # data loader workers are shut down with their loader
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

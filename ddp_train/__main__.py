@@ -1,6 +1,6 @@
 """python -m ddp_train: the shared training loop on PyTorch DistributedDataParallel."""
 
-import sys
+from typing import NoReturn
 
 from common.entry import main as train_main
 
@@ -14,10 +14,10 @@ def _start():
     return DDPBackend(), None
 
 
-def main(argv=None) -> int:
-    """Train with DDP; returns the exit code."""
-    return train_main(argv, "ddp_train", DESCRIPTION, _start)
+def main(argv=None) -> NoReturn:
+    """Train with DDP; ends the process with its exit code."""
+    train_main(argv, "ddp_train", DESCRIPTION, _start)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,6 +1,6 @@
 """python -m hvd_train: the shared training loop on Horovod."""
 
-import sys
+from typing import NoReturn
 
 from common.entry import main as train_main
 
@@ -19,10 +19,10 @@ def _start():
     return backend, fit_elastic
 
 
-def main(argv=None) -> int:
-    """Train with Horovod; returns the exit code."""
-    return train_main(argv, "hvd_train", DESCRIPTION, _start)
+def main(argv=None) -> NoReturn:
+    """Train with Horovod; ends the process with its exit code."""
+    train_main(argv, "hvd_train", DESCRIPTION, _start)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
