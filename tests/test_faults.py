@@ -9,6 +9,10 @@ import re
 import signal
 import textwrap
 import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional
 
 import psutil
 import pytest
@@ -60,31 +64,67 @@ def _stopped_with_a_checkpoint(run_dir, output):
     assert ckpt["step"] == stopped[0]["step"] and not problems
 
 
+@dataclass
+class Stopped:
+    """A slow-step job that was sent Ctrl-C: its run directory, how long its steps took, the ranks still
+    running when its bound ran out, how long they took to end, the launcher's exit code and output."""
+
+    run_dir: Path
+    step_s: float
+    alive: list
+    took: float
+    code: Optional[int]
+    output: str
+
+
+@pytest.fixture(scope="module")
+def ctrl_c_stopped(tmp_path_factory) -> Dict[str, Stopped]:
+    """Ctrl-C at each launcher's terminal (SIGINT to its process group) once its job has logged two slow
+    steps. The four jobs run at once: they spend their steps waiting, and each is timed on its own."""
+    jobs, stopped = {}, {}
+    with ExitStack() as cleanup:
+        for launcher in TWO_RANK:
+            folder = tmp_path_factory.mktemp(f"ctrl-c-{launcher}")
+            (folder / "slow_steps.py").write_text(textwrap.dedent(SLOW_MODEL))
+            run_dir = folder / "run"
+            jobs[launcher] = (cleanup.enter_context(Job(command(launcher, 2, SLOW + ["--run-dir", str(run_dir)]),
+                                                        cwd=folder)), run_dir)
+        for job, run_dir in jobs.values():
+            job.wait_until(lambda: len(steps_logged(run_dir)) >= 2, "never logged two steps", timeout=180)
+        signalled = {}
+        for launcher, (job, run_dir) in jobs.items():
+            ranks = [worker(str(run_dir), rank) for rank in range(2)]
+            signalled[launcher] = (ranks, max(e["step_s"] for e in steps_logged(run_dir)[1:]), time.monotonic())
+            os.killpg(job.pid, signal.SIGINT)
+        for launcher, (ranks, step_s, sent) in signalled.items():
+            alive = wait_ended(ranks, timeout=max(0.0, sent + 15 + step_s - time.monotonic()))
+            took = time.monotonic() - sent
+            job, run_dir = jobs[launcher]
+            try:
+                code = job.wait(timeout=30)  # mpirun itself waits out its timeout once more
+            except AssertionError:  # still running: this launcher's test fails, the others are judged
+                job.kill()
+                code = None
+            stopped[launcher] = Stopped(run_dir, step_s, alive, took, code, job.output)
+    return stopped
+
+
 @pytest.mark.parametrize("launcher", TWO_RANK)
-def test_ctrl_c_stops_slow_steps_within_15_s_plus_a_step_with_a_checkpoint(tmp_path, launcher):
+def test_ctrl_c_stops_slow_steps_within_15_s_plus_a_step_with_a_checkpoint(ctrl_c_stopped, launcher):
     """Ctrl-C at the launcher's terminal (SIGINT to its process group). Launchers give their workers only
     seconds (torchrun 30 s, horovodrun 30 s in the project's build, 5 s in Horovod's; mpirun passes the
     signal on after odls_base_sigkill_timeout, 10 s from the launch layer, and kills as long after): the
     ranks stop at the end of their step, longer than Horovod's own 5 s, with a checkpoint."""
-    run_dir = tmp_path / "run"
-    (tmp_path / "slow_steps.py").write_text(textwrap.dedent(SLOW_MODEL))
-    job = Job(command(launcher, 2, SLOW + ["--run-dir", str(run_dir)]), cwd=tmp_path)
-    job.wait_until(lambda: len(steps_logged(run_dir)) >= 2, "never logged two steps", timeout=180)
-    step_s = max(e["step_s"] for e in steps_logged(run_dir)[1:])
-    ranks = [worker(str(run_dir), rank) for rank in range(2)]
-    sent = time.monotonic()
-    os.killpg(job.pid, signal.SIGINT)
-    alive = wait_ended(ranks, timeout=15 + step_s)
-    took = time.monotonic() - sent
-    assert not alive, f"ranks still running {took:.1f} s after Ctrl-C with {step_s:.1f} s steps"
-    code = job.wait(timeout=30)  # mpirun itself waits out its timeout once more
+    stopped = ctrl_c_stopped[launcher]
+    assert not stopped.alive, f"ranks still running {stopped.took:.1f} s after Ctrl-C with {stopped.step_s:.1f} s steps"
     # horovodrun (Gloo) can say 0 although its workers ended with 143: stopping them, it reaps a worker's shell
     # with psutil while its middleman waits on that shell too, and a middleman that loses gets no exit code
     # (ECHILD, which subprocess reports as 0). The workers' own end is checked below (checkpoint, "stopped by").
-    assert code != 0 or launcher == "horovodrun-gloo", job.output[-3000:]
-    assert_nothing_left(str(run_dir))
-    _stopped_with_a_checkpoint(run_dir, job.output)
-    assert "stopped by SIG" in job.output
+    assert stopped.code is not None, f"the launcher still ran 30 s after its ranks:\n{stopped.output[-3000:]}"
+    assert stopped.code != 0 or launcher == "horovodrun-gloo", stopped.output[-3000:]
+    assert_nothing_left(str(stopped.run_dir))
+    _stopped_with_a_checkpoint(stopped.run_dir, stopped.output)
+    assert "stopped by SIG" in stopped.output
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "horovodrun-gloo"])
@@ -100,26 +140,73 @@ def test_sigterm_to_launcher_stops_every_rank_with_a_checkpoint(tmp_path, launch
     _stopped_with_a_checkpoint(run_dir, job.output)
 
 
+@dataclass
+class Killed:
+    """A job whose rank 1 was killed: its run directory, the addresses each of its processes listened on
+    before (pid -> name, command line, addresses), how long the launcher took to end after the kill, its exit code and output."""
+
+    run_dir: Path
+    found: dict
+    ranks: list
+    took: float
+    code: Optional[int]
+    output: str
+
+
+def _listeners(job: Job) -> Dict[int, tuple]:
+    """pid -> (name, command line, addresses it listens on) for the launcher and every process it started."""
+    found = {}
+    for proc, addresses in listening(job).items():
+        try:
+            found[proc.pid] = (proc.name(), proc.cmdline()[:4], addresses)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def rank_killed(tmp_path_factory) -> Dict[str, Killed]:
+    """Under each launcher, a job in its second epoch: the addresses it listens on, then its rank 1 killed.
+    The four jobs run at once; each is timed on its own."""
+    jobs, killed = {}, {}
+    with ExitStack() as cleanup:
+        for launcher in TWO_RANK:
+            run_dir = tmp_path_factory.mktemp(f"killed-{launcher}") / "run"
+            jobs[launcher] = (cleanup.enter_context(Job(command(launcher, 2, LONG + ["--run-dir", str(run_dir)]))),
+                              run_dir)
+        for job, _ in jobs.values():
+            job.wait_for(r"epoch 2 step")
+        seen = {launcher: (_listeners(job), [worker(str(run_dir), rank) for rank in range(2)])
+                for launcher, (job, run_dir) in jobs.items()}
+        sent = {}
+        for launcher, (_, ranks) in seen.items():
+            ranks[1].kill()
+            sent[launcher] = time.monotonic()
+        for launcher, (job, run_dir) in jobs.items():
+            try:
+                code = job.wait(timeout=max(1.0, sent[launcher] + 60 - time.monotonic()))
+            except AssertionError:  # still running: this launcher's test fails, the others are judged
+                code = None
+            found, ranks = seen[launcher]
+            killed[launcher] = Killed(run_dir, found, ranks, time.monotonic() - sent[launcher], code, job.output)
+    return killed
+
+
 @pytest.mark.parametrize("launcher", TWO_RANK)
-def test_one_host_job_listens_on_loopback_and_a_killed_rank_ends_it(tmp_path, launcher):
-    run_dir = tmp_path / "run"
-    job = Job(command(launcher, 2, LONG + ["--run-dir", str(run_dir)]))
-    job.wait_for(r"epoch 2 step")
-    found = listening(job)
-    ranks = [worker(str(run_dir), rank) for rank in range(2)]
-    for rank in ranks:
-        assert found.get(rank), f"rank process {rank.pid} listens nowhere"
-    for proc, addresses in found.items():
-        if proc.name() in ("mpirun", "orterun", "orted"):
+def test_one_host_job_listens_on_loopback_and_a_killed_rank_ends_it(rank_killed, launcher):
+    killed = rank_killed[launcher]
+    for rank in killed.ranks:
+        assert rank.pid in killed.found, f"rank process {rank.pid} listens nowhere"
+    for name, cmdline, addresses in killed.found.values():
+        if name in ("mpirun", "orterun", "orted"):
             continue  # Open MPI's own daemon binds its out-of-band channel to every interface (docs/multinode)
-        assert all(a in LOOPBACK for a in addresses), (proc.cmdline()[:4], addresses)
-    ranks[1].kill()
-    killed = time.monotonic()
-    code = job.wait(timeout=60)
-    assert code != 0 and time.monotonic() - killed < 60
-    assert_nothing_left(str(run_dir))
-    assert re.search(r"(rank\s*:\s*1\b|Process name: 1\b|\[\[\d+,\d+\],1\]|rank 1 )", job.output), job.output[-3000:]
-    assert not (run_dir / "summary.json").exists()
+        assert all(a in LOOPBACK for a in addresses), (cmdline, addresses)
+    assert killed.code is not None, f"still running 60 s after rank 1 was killed:\n{killed.output[-3000:]}"
+    assert killed.code != 0 and killed.took < 60
+    assert_nothing_left(str(killed.run_dir))
+    assert re.search(r"(rank\s*:\s*1\b|Process name: 1\b|\[\[\d+,\d+\],1\]|rank 1 )", killed.output), \
+        killed.output[-3000:]
+    assert not (killed.run_dir / "summary.json").exists()
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "horovodrun-mpi"])
