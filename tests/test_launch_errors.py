@@ -1,5 +1,6 @@
 """Launch problems end in seconds with a message that names them: a port in use, more processes than
-slots, data files that cannot be read. And a one-host job listens on loopback only."""
+slots, data files that cannot be read. A one-host job listens on loopback only, and jobs started from
+several threads at once each find their launcher."""
 
 from __future__ import annotations
 
@@ -140,3 +141,15 @@ def test_a_rank_that_never_joins_the_rendezvous_is_named(tmp_path, started, miss
         expected = "[rank 1] ddp_train: error: cannot reach the rendezvous at 127.0.0.1:"
     assert expected in result.output and "within --timeout 6 s" in result.output, result.output[-2000:]
     assert "Traceback" not in result.output
+
+
+def test_threads_that_start_jobs_at_once_all_find_the_launchers():
+    """The launcher registry loads on first use; threads that start jobs at the same moment (one per host,
+    or a test's jobs) each find every launcher, in a process where none has looked yet."""
+    script = ("from concurrent.futures import ThreadPoolExecutor\n"
+              "from common import launch\n"
+              "names = ['torchrun', 'horovodrun-gloo', 'horovodrun-mpi', 'mpirun'] * 8\n"
+              "with ThreadPoolExecutor(len(names)) as pool:\n"
+              "    print(sorted(set(pool.map(lambda name: launch.get(name).name, names))))\n")
+    result = run_cmd([PY, "-c", script], timeout=60).check()
+    assert result.output.strip() == "['horovodrun-gloo', 'horovodrun-mpi', 'mpirun', 'torchrun']"

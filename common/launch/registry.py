@@ -9,6 +9,7 @@ through their entry points, so a machine without Horovod still lists and runs th
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from importlib.metadata import entry_points
@@ -83,23 +84,26 @@ def script(name: str, python: str) -> str:
 
 _registry: Dict[str, Launcher] = {}
 _loaded = False
+# Jobs are started from several threads at once (hosts, tests): the first use loads the registry for all.
+_loading = threading.Lock()
 
 
 def _load() -> None:
     global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            module = entry.load()
-        except ImportError as exc:  # a backend package that cannot be imported here lists nothing
-            print(f"launchers of {entry.name} unavailable: {exc}", file=sys.stderr)
-            continue
-        for launcher in getattr(module, "LAUNCHERS", []):
-            if launcher.name in _registry:
-                raise ValueError(f"two launchers are named {launcher.name!r}")
-            _registry[launcher.name] = launcher
+    with _loading:
+        if _loaded:
+            return
+        for entry in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                module = entry.load()
+            except ImportError as exc:  # a backend package that cannot be imported here lists nothing
+                print(f"launchers of {entry.name} unavailable: {exc}", file=sys.stderr)
+                continue
+            for launcher in getattr(module, "LAUNCHERS", []):
+                if launcher.name in _registry:
+                    raise ValueError(f"two launchers are named {launcher.name!r}")
+                _registry[launcher.name] = launcher
+        _loaded = True
 
 
 def launchers() -> List[Launcher]:
