@@ -281,11 +281,14 @@ SIBLING_GRACE_S = 5.0
 STARTED = time.monotonic()
 
 
-def print_error(line: str) -> None:
-    """Print one error line on stderr, prefixed with this process's rank when a launcher gave it one."""
-    rank = rank_hint()
+def print_error(line: str, rank: Optional[int] = None) -> None:
+    """Print one error line on stderr, prefixed with `rank`, else with the rank a launcher gave this process.
+    One write with its newline: the ranks share the launcher's stderr, and a line written in two parts can
+    have another rank's line between them."""
+    rank = rank_hint() if rank is None else rank
     prefix = f"[rank {rank}] " if rank is not None else ""
-    print(prefix + line, file=sys.stderr, flush=True)
+    sys.stderr.write(prefix + line + "\n")
+    sys.stderr.flush()
 
 
 def fail_usage(prog: str, message: str) -> NoReturn:

@@ -18,6 +18,7 @@ import time
 from typing import Optional
 
 from .backend import Backend
+from .config import print_error
 from .watchdog import ProgressWatchdog
 
 #: training seconds between the ranks' checks for a stop request (a tiny collective each time)
@@ -90,11 +91,10 @@ class StopControl:
     def _no_progress(self, idle_s: float) -> None:
         """Watchdog expiry: say what is known about the stall, then end this rank at once."""
         rank = self.backend.rank
-        print(f"[rank {rank}] {self.prog}: error: no progress for {idle_s:.0f} s at step "
-              f"{self.backend.current_step} (--timeout {self.timeout_s:g}); another rank stopped taking "
-              "part in a collective", file=sys.stderr, flush=True)
+        print_error(f"{self.prog}: error: no progress for {idle_s:.0f} s at step {self.backend.current_step} "
+                    f"(--timeout {self.timeout_s:g}); another rank stopped taking part in a collective", rank)
         stall = self.backend.explain_stall()
         if stall:
-            print(f"[rank {rank}] {self.prog}: error: {stall}", file=sys.stderr, flush=True)
+            print_error(f"{self.prog}: error: {stall}", rank)
         sys.stdout.flush()
         os._exit(1)

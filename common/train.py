@@ -16,7 +16,7 @@ from . import sigterm_hold
 from .backend import Backend, Tuning
 from .batches import Batches
 from .checkpointing import Checkpointer
-from .config import AMP_FP16_NEEDS_CUDA, Config, UsageError, fail_usage
+from .config import AMP_FP16_NEEDS_CUDA, Config, UsageError, fail_usage, print_error
 from .data import open_datasets
 from .evaluation import evaluate
 from .finite import LossWatch, NonFinite, nonfinite_tensors, weights_message
@@ -89,7 +89,7 @@ class Trainer:
         except UsageError as exc:
             fail_usage(self.prog, str(exc))
         except NonFinite as exc:
-            print(f"[rank {self.backend.rank}] {self.prog}: error: {exc}", file=sys.stderr, flush=True)
+            print_error(f"{self.prog}: error: {exc}", self.backend.rank)
             return 1
         except Interrupted as stop:
             self.say(f"stopped by {signal.Signals(stop.signum).name} at step {stop.step}; checkpoint written, "
@@ -107,9 +107,9 @@ class Trainer:
             traceback.print_exc()
             stall = self.backend.explain_stall()
             if stall:
-                print(f"[rank {self.backend.rank}] {self.prog}: error: {stall}", file=sys.stderr, flush=True)
-            print(f"[rank {self.backend.rank}] {self.prog}: error: rank {self.backend.rank} failed "
-                  f"(traceback above); the launcher stops the other ranks", file=sys.stderr, flush=True)
+                print_error(f"{self.prog}: error: {stall}", self.backend.rank)
+            print_error(f"{self.prog}: error: rank {self.backend.rank} failed (traceback above); the launcher "
+                        "stops the other ranks", self.backend.rank)
             sys.stdout.flush()
             # No graceful shutdown: the other ranks may be waiting in a collective that will never
             # complete, and a clean shutdown would wait for them too.
