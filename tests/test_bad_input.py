@@ -4,10 +4,13 @@ no hang, under every launcher."""
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, Tuple
 
 import pytest
 
-from launch import PY, assert_every_rank_exited, command, launch, run_cmd
+from launch import PY, Result, assert_every_rank_exited, command, launch, run_cmd
 
 BAD_INPUTS = {
     "missing-data-dir": (["--dataset", "mnist", "--data-dir", "/nonexistent/mnist"], "is not a directory"),
@@ -38,11 +41,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, launcher, bad):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("bad", ["unknown-model", "missing-data-dir"])
-@pytest.mark.parametrize("launcher", ["torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun"])
-def test_bad_input_with_two_ranks_every_rank_prints_its_line_and_exits_2(tmp_path, launcher, bad):
-    args, expected = BAD_INPUTS[bad]
-    cmd = command(launcher, 2, args + ["--run-dir", str(tmp_path / "run")])
+TWO_RANK_LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
+TWO_RANK_BAD = ("unknown-model", "missing-data-dir")
+
+
+def _refused_at_two_ranks(launcher: str, bad: str, run_dir) -> Result:
+    args, _ = BAD_INPUTS[bad]
+    cmd = command(launcher, 2, args + ["--run-dir", str(run_dir)])
     if launcher in ("horovodrun-mpi", "mpirun"):
         # Open MPI reports only the first rank's exit code: a shell around each rank says its own, and
         # mpirun lets every rank finish instead of stopping the others.
@@ -52,7 +57,25 @@ def test_bad_input_with_two_ranks_every_rank_prints_its_line_and_exits_2(tmp_pat
         abort = ["--mca", "orte_abort_on_non_zero_status", "0"]
         cmd = cmd[:1] + abort + cmd[1:] if launcher == "mpirun" else \
             [c + " " + " ".join(abort) if c.startswith("--mpi-args=") else c for c in cmd]
-    result = run_cmd(cmd, timeout=120)
+    return run_cmd(cmd, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def refused_at_two_ranks(tmp_path_factory) -> Dict[Tuple[str, str], Tuple[Result, Path]]:
+    """Each bad input under each launcher at two ranks, all at once: the launchers mostly wait for their
+    ranks to end, and each job is timed on its own. (launcher, bad) -> (result, its run directory)"""
+    cases = [(launcher, bad) for launcher in TWO_RANK_LAUNCHERS for bad in TWO_RANK_BAD]
+    run_dirs = [tmp_path_factory.mktemp(f"{launcher}-{bad}") / "run" for launcher, bad in cases]
+    with ThreadPoolExecutor(len(cases)) as pool:
+        results = pool.map(lambda case, run_dir: _refused_at_two_ranks(*case, run_dir), cases, run_dirs)
+        return {case: (result, run_dir) for case, result, run_dir in zip(cases, results, run_dirs)}
+
+
+@pytest.mark.parametrize("bad", TWO_RANK_BAD)
+@pytest.mark.parametrize("launcher", TWO_RANK_LAUNCHERS)
+def test_bad_input_with_two_ranks_every_rank_prints_its_line_and_exits_2(refused_at_two_ranks, launcher, bad):
+    _, expected = BAD_INPUTS[bad]
+    result, run_dir = refused_at_two_ranks[launcher, bad]
     if launcher in ("torchrun", "horovodrun-gloo"):  # mpirun told not to abort returns 0 whatever its ranks did
         assert result.returncode != 0
     assert result.seconds < 30, f"took {result.seconds:.1f}s"  # the launcher and its ranks start: not a hang
@@ -62,7 +85,7 @@ def test_bad_input_with_two_ranks_every_rank_prints_its_line_and_exits_2(tmp_pat
         assert len(mine) == 1 and expected in mine[0], f"rank {rank}:\n{result.output[-3000:]}"
     assert_every_rank_exited(launcher, result.output, 2, 2)
     _no_traceback_of_ours(result.output)
-    assert not (tmp_path / "run" / "summary.json").exists()
+    assert not (run_dir / "summary.json").exists()
 
 
 def test_unwritable_run_dir_is_refused(tmp_path):

@@ -10,6 +10,7 @@ import re
 import shutil
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -225,10 +226,22 @@ def run_torchrun_timing_ranks(args, cwd: Path):
     return job.output, code, ended - started[0]
 
 
+@pytest.fixture(scope="module")
+def bad_factory_jobs(folder, tmp_path_factory):
+    """Every bad factory under torchrun at 2 ranks, three jobs at a time (their launchers mostly wait for
+    ranks that import torch and stop), each timed on its own. case -> (output, exit code, seconds, run dir)"""
+    def launch_case(case):
+        run_dir = tmp_path_factory.mktemp(case) / "run"
+        return (*run_torchrun_timing_ranks([*BAD_FACTORIES[case][0], "--run-dir", str(run_dir)], folder), run_dir)
+
+    with ThreadPoolExecutor(3) as pool:
+        return dict(zip(BAD_FACTORIES, pool.map(launch_case, BAD_FACTORIES)))
+
+
 @pytest.mark.parametrize("case", list(BAD_FACTORIES))
-def test_bad_factory_exits_2_on_every_rank_at_once_with_one_line(folder, tmp_path, case):
-    args, expected = BAD_FACTORIES[case]
-    output, code, seconds = run_torchrun_timing_ranks([*args, "--run-dir", str(tmp_path / "run")], folder)
+def test_bad_factory_exits_2_on_every_rank_at_once_with_one_line(bad_factory_jobs, case):
+    _, expected = BAD_FACTORIES[case]
+    output, code, seconds, run_dir = bad_factory_jobs[case]
     assert code != 0
     # The ranks import torch and stop (seconds alone; more beside other tests on 2 cores): not a hang.
     assert seconds < 30, f"the ranks took {seconds:.1f}s"
@@ -238,7 +251,7 @@ def test_bad_factory_exits_2_on_every_rank_at_once_with_one_line(folder, tmp_pat
         assert len(mine) == 1 and expected in mine[0], f"rank {rank}:\n{output[-3000:]}"
     assert_every_rank_exited("torchrun", output, 2, 2)
     assert not re.search(r'File ".*/(common|ddp_train|hvd_train)/', output)  # no traceback of ours
-    assert not (tmp_path / "run").exists()
+    assert not run_dir.exists()
 
 
 def test_bad_factory_under_horovodrun_exits_2_on_every_rank(folder, tmp_path):
