@@ -143,7 +143,8 @@ def test_sigterm_to_launcher_stops_every_rank_with_a_checkpoint(tmp_path, launch
 @dataclass
 class Killed:
     """A job whose rank 1 was killed: its run directory, the addresses each of its processes listened on
-    before (pid -> name, command line, addresses), how long the launcher took to end after the kill, its exit code and output."""
+    before (pid -> name, command line, addresses), the ranks, how long the launcher took to end after the
+    kill, its exit code and output."""
 
     run_dir: Path
     found: dict
@@ -226,31 +227,60 @@ def test_a_rank_that_raises_ends_the_job_and_is_named(tmp_path, launcher):
     assert "UnidentifiedImageError" in job.output or "cannot identify image" in job.output
 
 
+@dataclass
+class Stuck:
+    """A job whose rank 1 was frozen: its run directory, seconds until rank 0 named it, the launcher's exit
+    code (None: still running 90 s on) and output."""
+
+    run_dir: Path
+    named: float
+    code: Optional[int]
+    output: str
+
+
+@pytest.fixture(scope="module")
+def rank_stuck(tmp_path_factory) -> Dict[str, Stuck]:
+    """Under each launcher in turn, a job with --timeout 5 whose rank 1 is frozen (SIGSTOP) in its second
+    epoch, until rank 0 names it. One job at a time up to there (four starting together on two cores would
+    trip their own --timeout); their launchers wind down together (Open MPI's take about 20 s of waiting)."""
+    jobs, named, stuck = {}, {}, {}
+    with ExitStack() as cleanup:
+        for launcher in TWO_RANK:
+            run_dir = tmp_path_factory.mktemp(f"stuck-{launcher}") / "run"
+            job = cleanup.enter_context(Job(command(launcher, 2, LONG + ["--timeout", "5", "--run-dir", str(run_dir)])))
+            jobs[launcher] = (job, run_dir)
+            job.wait_for(r"epoch 2 step")
+            frozen = worker(str(run_dir), 1)
+            frozen.send_signal(signal.SIGSTOP)
+            started = time.monotonic()
+            try:
+                # Named once the wait for it ran out: --timeout (the backend's own timeout or the watchdog's),
+                # plus the few seconds the live rank waits for an answer.
+                job.wait_for(rf"\[rank 0\] {PROG[launcher]}: error: rank 1 stopped taking part", timeout=40)
+                named[launcher] = time.monotonic() - started
+            finally:
+                # Gone, as a dead host's rank would be: the launcher need not wait out its grace for a frozen one.
+                try:
+                    frozen.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        for launcher, (job, run_dir) in jobs.items():
+            try:
+                code = job.wait(timeout=90)
+            except AssertionError:  # still running: this launcher's test fails, the others are judged
+                code = None
+            stuck[launcher] = Stuck(run_dir, named[launcher], code, job.output)
+    return stuck
+
+
 @pytest.mark.parametrize("launcher", TWO_RANK)
-def test_a_stuck_rank_is_named_within_the_timeout(tmp_path, launcher):
+def test_a_stuck_rank_is_named_within_the_timeout(rank_stuck, launcher):
     """A rank that is alive, holding its connections, and takes no part (SIGSTOP): the live rank names
     it, on both backends and under both Horovod controllers."""
-    run_dir = tmp_path / "run"
-    job = Job(command(launcher, 2, LONG + ["--timeout", "5", "--run-dir", str(run_dir)]))
-    job.wait_for(r"epoch 2 step")
-    stuck = worker(str(run_dir), 1)
-    stuck.send_signal(signal.SIGSTOP)
-    started = time.monotonic()
-    try:
-        # Named once the wait for it ran out: --timeout (the backend's own timeout or the watchdog's), plus
-        # the few seconds the live rank waits for an answer.
-        job.wait_for(rf"\[rank 0\] {PROG[launcher]}: error: rank 1 stopped taking part", timeout=40)
-        named = time.monotonic() - started
-    finally:
-        # Gone, as a dead host's rank would be: the launcher need not wait out its grace for a frozen one.
-        try:
-            stuck.kill()
-        except psutil.NoSuchProcess:
-            pass
-    code = job.wait(timeout=90)
-    assert code != 0
-    assert named < 5 + 15, f"named {named:.0f} s after the rank stopped"
-    assert_nothing_left(str(run_dir))
+    stuck = rank_stuck[launcher]
+    assert stuck.named < 5 + 15, f"named {stuck.named:.0f} s after the rank stopped"
+    assert stuck.code is not None and stuck.code != 0, stuck.output[-3000:]
+    assert_nothing_left(str(stuck.run_dir))
 
 
 def test_torchrun_restart_resumes_and_ends_bitwise_equal(tmp_path):
