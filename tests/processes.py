@@ -4,6 +4,7 @@ elastic tests."""
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import psutil
 
@@ -42,6 +43,14 @@ class Job(LaunchedJob):
 
     def kill(self):
         self.stop(grace_s=0)
+
+    def ended_within(self, timeout: float) -> Optional[int]:
+        """The exit code, or None when the job ran past `timeout` seconds (it is stopped then): for a test
+        that judges several jobs, each on its own."""
+        try:
+            return self.wait(timeout)
+        except AssertionError:
+            return None
 
 
 def job_processes(marker: str):

@@ -65,16 +65,23 @@ def _stopped_with_a_checkpoint(run_dir, output):
 
 
 @dataclass
-class Stopped:
-    """A slow-step job that was sent Ctrl-C: its run directory, how long its steps took, the ranks still
-    running when its bound ran out, how long they took to end, the launcher's exit code and output."""
+class Ended:
+    """A job a module fixture ran: its run directory, the launcher's exit code (None: it ran past its bound and
+    was stopped) and its output."""
 
     run_dir: Path
+    code: Optional[int]
+    output: str
+
+
+@dataclass
+class Stopped(Ended):
+    """A slow-step job sent Ctrl-C: how long its steps took, the ranks still running when its bound ran out,
+    how long they took to end."""
+
     step_s: float
     alive: list
     took: float
-    code: Optional[int]
-    output: str
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +107,8 @@ def ctrl_c_stopped(tmp_path_factory) -> Dict[str, Stopped]:
             alive = wait_ended(ranks, timeout=max(0.0, sent + 15 + step_s - time.monotonic()))
             took = time.monotonic() - sent
             job, run_dir = jobs[launcher]
-            try:
-                code = job.wait(timeout=30)  # mpirun itself waits out its timeout once more
-            except AssertionError:  # still running: this launcher's test fails, the others are judged
-                job.kill()
-                code = None
-            stopped[launcher] = Stopped(run_dir, step_s, alive, took, code, job.output)
+            code = job.ended_within(30)  # mpirun itself waits out its timeout once more
+            stopped[launcher] = Stopped(run_dir, code, job.output, step_s=step_s, alive=alive, took=took)
     return stopped
 
 
@@ -141,17 +144,13 @@ def test_sigterm_to_launcher_stops_every_rank_with_a_checkpoint(tmp_path, launch
 
 
 @dataclass
-class Killed:
-    """A job whose rank 1 was killed: its run directory, the addresses each of its processes listened on
-    before (pid -> name, command line, addresses), the ranks, how long the launcher took to end after the
-    kill, its exit code and output."""
+class Killed(Ended):
+    """A job whose rank 1 was killed: the addresses each of its processes listened on before (pid -> name,
+    command line, addresses), its ranks, how long the launcher took to end after the kill."""
 
-    run_dir: Path
     found: dict
     ranks: list
     took: float
-    code: Optional[int]
-    output: str
 
 
 def _listeners(job: Job) -> Dict[int, tuple]:
@@ -184,12 +183,10 @@ def rank_killed(tmp_path_factory) -> Dict[str, Killed]:
             ranks[1].kill()
             sent[launcher] = time.monotonic()
         for launcher, (job, run_dir) in jobs.items():
-            try:
-                code = job.wait(timeout=max(1.0, sent[launcher] + 60 - time.monotonic()))
-            except AssertionError:  # still running: this launcher's test fails, the others are judged
-                code = None
+            code = job.ended_within(max(1.0, sent[launcher] + 60 - time.monotonic()))
             found, ranks = seen[launcher]
-            killed[launcher] = Killed(run_dir, found, ranks, time.monotonic() - sent[launcher], code, job.output)
+            killed[launcher] = Killed(run_dir, code, job.output, found=found, ranks=ranks,
+                                      took=time.monotonic() - sent[launcher])
     return killed
 
 
@@ -228,14 +225,10 @@ def test_a_rank_that_raises_ends_the_job_and_is_named(tmp_path, launcher):
 
 
 @dataclass
-class Stuck:
-    """A job whose rank 1 was frozen: its run directory, seconds until rank 0 named it, the launcher's exit
-    code (None: still running 90 s on) and output."""
+class Stuck(Ended):
+    """A job whose rank 1 was frozen: seconds until rank 0 named it."""
 
-    run_dir: Path
     named: float
-    code: Optional[int]
-    output: str
 
 
 @pytest.fixture(scope="module")
@@ -265,11 +258,7 @@ def rank_stuck(tmp_path_factory) -> Dict[str, Stuck]:
                 except psutil.NoSuchProcess:
                     pass
         for launcher, (job, run_dir) in jobs.items():
-            try:
-                code = job.wait(timeout=90)
-            except AssertionError:  # still running: this launcher's test fails, the others are judged
-                code = None
-            stuck[launcher] = Stuck(run_dir, named[launcher], code, job.output)
+            stuck[launcher] = Stuck(run_dir, job.ended_within(90), job.output, named=named[launcher])
     return stuck
 
 
