@@ -22,7 +22,11 @@ def main(argv: Optional[Sequence[str]], prog: str, description: str,
     from .train import run
 
     backend, fit = start()
-    leave(run(config, backend, prog=prog, fit=fit))
+    try:
+        code = run(config, backend, prog=prog, fit=fit)
+    except SystemExit as refused:  # input refused once the backend was up (fail_usage): leave the same way
+        code = refused.code if isinstance(refused.code, int) else 0 if refused.code is None else 1
+    leave(code)
 
 
 def leave(code: int) -> NoReturn:
