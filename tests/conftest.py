@@ -1,3 +1,4 @@
+import json
 import signal
 import sys
 from pathlib import Path
@@ -7,7 +8,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest  # noqa: E402
 
 from cluster import cluster  # noqa: E402,F401  (the simulated two-host cluster, one per session)
-from launch import Runs  # noqa: E402
+from launch import PY, Runs  # noqa: E402
+from settings import ACROSS_HOSTS  # noqa: E402
 
 # A suite started in the background (`make test &`, nohup in a script) inherits SIGINT ignored, and so would
 # every job it starts; the tests send SIGINT as a terminal's Ctrl-C does, so jobs start with the default.
@@ -24,6 +26,18 @@ def runs(tmp_path_factory, worker_id):
     root = shared / "shared-runs"
     root.mkdir(exist_ok=True)
     return Runs(root)
+
+
+@pytest.fixture(scope="session")
+def across_hosts(cluster, tmp_path_factory):
+    """One comparison started on node0 across both hosts at world size 4: DDP and Horovod (Gloo and MPI).
+    test_compare_hosts reads the comparison, test_multinode the runs it launched: (result, out, summary)."""
+    out = tmp_path_factory.mktemp("across-hosts")
+    result = cluster.run("node0", [PY, "-m", "common.compare", "--hosts", "node0:2,node1:2", "--np", "4",
+                                   "--repeats", "1", "--hvd-controllers", "gloo,mpi", "--explain", "none",
+                                   *ACROSS_HOSTS, "--out", str(out)], timeout=400)
+    assert result.returncode == 0, result.output[-4000:]
+    return result, out, json.loads((out / "summary.json").read_text())
 
 
 # Modules that use the simulated cluster: it is one per machine, so they run on one worker, one after another,

@@ -11,6 +11,9 @@ MLP_SGD = COMMON + ["--model", "mlp", "--optimizer", "sgd", "--lr", "0.05", "--m
 ADAM_LR = 0.002
 CONVNET_ADAM = COMMON + ["--model", "convnet", "--optimizer", "adam", "--lr", str(ADAM_LR), "--weight-decay", "0.01"]
 
+#: the runs of the comparison across the two hosts of the simulated cluster (conftest.across_hosts)
+ACROSS_HOSTS = ["--model", "mlp", "--threads", "1", "--max-steps", "10"]
+
 SINGLE = ("none-ddp", "none-hvd")
 TWO_RANK = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
 LAUNCHERS = SINGLE + TWO_RANK

@@ -31,19 +31,8 @@ def compare_on_node0(cluster, args, out: Path, timeout: float = 400, cwd: Path =
     return run_cmd(on_host("node0", [*COMPARE, *args, "--out", str(out)]), timeout=timeout, cwd=cwd)
 
 
-@pytest.fixture(scope="module")
-def across_hosts(cluster, tmp_path_factory):
-    """One comparison across both hosts at world size 4: DDP and Horovod (Gloo and MPI)."""
-    out = tmp_path_factory.mktemp("across-hosts")
-    result = compare_on_node0(cluster, ["--hosts", "node0:2,node1:2", "--np", "4", "--repeats", "1",
-                                        "--hvd-controllers", "gloo,mpi", "--explain", "none", *SHORT,
-                                        "--max-steps", "10"], out)
-    return result, out, json.loads((out / "summary.json").read_text())
-
-
 def test_compare_runs_every_backend_across_both_hosts(across_hosts):
-    result, out, summary = across_hosts
-    assert result.returncode == 0, result.output[-4000:]
+    result, out, summary = across_hosts  # conftest.py: shared with test_multinode
     runs = {r["name"]: r for r in summary["runs"]}
     differ = any(not p["bitwise_identical"] for p in summary["parity"] if p["kind"] == "backends")
     # The noise floor's run (DDP again, one ulp off, placed like the others) only when the backends differ.
