@@ -80,9 +80,15 @@ class Case:
     env: Dict[str, Optional[str]] = field(default_factory=dict)  # None: removed from the job's environment
 
     @property
+    def sets_nothing(self) -> bool:
+        """The knob's value changes no option and sets no variable (auto, or a flag's off): the runs are
+        those of the case with no knob."""
+        return not self.train_args and all(value is None for value in self.env.values())
+
+    @property
     def is_reference(self) -> bool:
-        """The case the bare loops are measured in: no knob set, or the knob left to the program (auto)."""
-        return self.knob is None or self.value == AUTO
+        """The case the bare loops are measured in: no knob set, or a value that sets nothing."""
+        return self.knob is None or self.sets_nothing
 
     @property
     def name(self) -> str:
@@ -216,15 +222,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         size = sizes.get(model, sizes.get("*"))
         if size is None:
             return _fail(f"no --image-size for {model}; add {model}=N or give one size for all")
-        if not any(AUTO in values for _, values in args.sweep):
-            cases.append(Case(model, size))  # with auto in the sweep, that case is this one
+        swept = []
         for knob, values in args.sweep:
             for value in values:
                 try:
                     k_args, k_env = knob_args(knob, value)
                 except ValueError as exc:
                     return _fail(str(exc))
-                cases.append(Case(model, size, knob, value, k_args, k_env))
+                swept.append(Case(model, size, knob, value, k_args, k_env))
+        # A value that sets nothing (auto, a flag's off) is the case with no knob: measured once, by its name.
+        if not any(case.sets_nothing for case in swept):
+            cases.append(Case(model, size))
+        cases.extend(swept)
     # Check every training option once, here, with the training parser itself.
     for case in cases:
         training_parser("throughput", "").parse_args(base_args(case, args, 1, Path("x")) + case.train_args + extra)
