@@ -60,6 +60,8 @@ if [[ "${QUICK:-0}" == 1 ]]; then
       --out "$OUT/mpi-yield" --work "$WORK/mpi-yield"
   step -m benchmarks.throughput --np 1 --backends horovod-gloo "${TINY[@]}" --baselines none \
       --sweep deterministic=off,on --out "$OUT/deterministic" --work "$WORK/deterministic"
+  step -m benchmarks.throughput --np 1 --backends horovod-gloo "${TINY[@]}" --baselines none \
+      --sweep HVD_TRAIN_WAIT=spin,auto --out "$OUT/horovod-wait" --work "$WORK/horovod-wait"
   step -m benchmarks.exact_cost --np 1,2 --models convnet --global-batch 8 --micro-batch 4 --steps 2 --repeats 1 \
       --no-distance --out "$OUT" --work "$WORK/exact"
   step -m benchmarks.noise_floor --np 3 --out "$OUT" --work "$WORK/noise_floor" -- --model mlp --max-steps 6 \
@@ -114,6 +116,10 @@ else
   # What --deterministic (Horovod without tensor fusion) costs at three ranks.
   "$PY" -m benchmarks.throughput --np 3 --models convnet,resnet18 --image-size 32 --batch-size 16 --steps 30 \
       --repeats 3 --backends horovod-gloo --baselines none --sweep deterministic=off,on --out "$OUT/deterministic"
+  # How a Horovod rank waits for its collectives on CPU: spinning as Horovod does, or polling (hvd_train's choice).
+  "$PY" -m benchmarks.throughput --np 2,3 --models convnet,resnet18 --image-size 32 --batch-size 16 --steps 20 \
+      --repeats 2 --backends horovod-gloo --baselines none --sweep HVD_TRAIN_WAIT=spin,auto \
+      --out "$OUT/horovod-wait" -- --threads 1
   # --reduction exact against allreduce: speed, bytes, fixed-point error, distance after the default run.
   "$PY" -m benchmarks.exact_cost --np 1,2,3 --out "$OUT"
   # DDP against Horovod where Adam amplifies rounding, judged against the noise floor.

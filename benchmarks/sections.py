@@ -32,7 +32,8 @@ RUN_ORDER = ["bare-ddp", "bare-ddp-batched", "ddp", "horovod-gloo", "horovod-mpi
 #: swept knob -> (backend_options field with the value a run used, field saying who chose it or None, unit)
 KNOB_RECORDS = {"HOROVOD_CYCLE_TIME": ("cycle_time_ms", "cycle_time_source", " ms"),
                 "OMPI_MCA_mpi_yield_when_idle": ("mpi_yield_when_idle", "mpi_yield_source", ""),
-                "deterministic": ("fusion_threshold_bytes", None, " B fusion threshold")}
+                "deterministic": ("fusion_threshold_bytes", None, " B fusion threshold"),
+                "HVD_TRAIN_WAIT": ("wait", "wait_source", "")}
 #: what gets printed where a result file has not been written yet
 MISSING_FILE = "_Not measured yet: `benchmarks/run_all.sh` writes `{path}`._"
 
@@ -184,8 +185,12 @@ def _met(ok: Optional[bool]) -> str:
 
 
 def _reference_case(result: Dict) -> Optional[Dict]:
-    """The case of a sweep with the knob left to the program (no knob set, or auto)."""
-    return next((c for c in result["cases"] if c["knob"] is None or c["value"] == "auto"), None)
+    """The case of a sweep with the knob left to the program: no knob set, or a value that sets nothing
+    (auto, a flag's off)."""
+    def sets_nothing(case: Dict) -> bool:
+        return not case.get("train_args") and all(v is None for v in (case.get("env") or {}).values())
+
+    return next((c for c in result["cases"] if c["knob"] is None or sets_nothing(c)), None)
 
 
 def _loop_target(tp: Dict) -> tuple:

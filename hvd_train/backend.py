@@ -17,6 +17,7 @@ from common.launch.placement import Placement, detect
 from common.profiling import Trace
 
 from .launch import SIGKILL_GRACE_S
+from .waiting import Waiter, choose_wait
 
 #: On CPU, Horovod's background thread takes a share of a core every cycle (HOROVOD_CYCLE_TIME), and
 #: that share comes out of the ranks' compute. A model with at least this many bytes of gradients has
@@ -123,12 +124,14 @@ class HorovodBackend(Backend):
             print(f"hvd_train: HOROVOD_FUSION_THRESHOLD={self._env_fusion_threshold} is overridden by --bucket-mb "
                   f"{self.tuning.bucket_mb:g} ({self.fusion_threshold_bytes} bytes)", flush=True)
         self._choose_cycle_time()
+        self.wait, self.wait_source = choose_wait(self.device)
         self.mpi_yield_source = yield_mpi_when_idle(self.device)
         self.mpi_btl_source = one_host_shared_memory(self._launched_as.single_host)
         if self.tuning.profile:
             # hvd.start_timeline() works only when the timeline was enabled at init.
             os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
         self.hvd.init()
+        self.waiter = Waiter(self.hvd, self.wait)
         if self.hvd.mpi_enabled() and self.mpi_yield_source.startswith("hvd_train") and self.hvd.rank() == 0:
             print(f"hvd_train: {MPI_YIELD_VARIABLE}=1 (training on CPU: Open MPI yields the core while it waits); "
                   f"set it to 0 or pass mpirun --mca mpi_yield_when_idle 0 to busy-poll", flush=True)
@@ -177,6 +180,8 @@ class HorovodBackend(Backend):
             "gradient_average": self._gradient_average(),
             "deterministic": self.tuning.deterministic,
             "predivide": self.tuning.predivide,
+            "wait": getattr(self, "wait", None),
+            "wait_source": getattr(self, "wait_source", None),
             "backward_passes_per_step": self.tuning.accumulate,
             "elastic": self.elastic,
             "trace": "Horovod timeline (HOROVOD_TIMELINE=DYNAMIC, start_timeline/stop_timeline)"
@@ -204,7 +209,7 @@ class HorovodBackend(Backend):
         # broadcast_optimizer_state would run a zero-gradient step, which moves weights under
         # Adam or weight decay and breaks parity with DDP.
         if not self.elastic:  # elastic: rejoin() broadcasts, once the job's members are known
-            broadcast_state(hvd, model.state_dict())
+            broadcast_state(self.waiter, model.state_dict())
         # backward_passes_per_step=K: gradients add up locally over K backward passes, then the sum is
         # averaged over ranks (op=Average divides by world size only; the loop divides the loss by K),
         # which is what DDP's no_sync() accumulation gives.
@@ -223,6 +228,7 @@ class HorovodBackend(Backend):
         # Allreduces were launched by hooks during backward; synchronize() waits for the ones
         # still in flight, which is the communication that compute did not hide.
         started = time.perf_counter()
+        self.waiter.before_synchronize(optimizer)
         optimizer.synchronize()
         self._comm_seconds += time.perf_counter() - started
         yield
@@ -238,24 +244,25 @@ class HorovodBackend(Backend):
     # --- collectives ---------------------------------------------------------------------
     def all_reduce_sum(self, values):
         tensor = torch.tensor(list(values), dtype=torch.float64)
-        return [float(v) for v in self.hvd.allreduce(tensor, op=self.hvd.Sum)]
+        return [float(v) for v in self.waiter.result(self.hvd.allreduce_async(tensor, op=self.hvd.Sum))]
 
     def all_reduce_(self, tensor):
-        self.hvd.allreduce_(tensor, op=self.hvd.Sum)
+        self.waiter.result(self.hvd.allreduce_async_(tensor, op=self.hvd.Sum))
 
     def broadcast_module(self, module):
-        broadcast_state(self.hvd, module.state_dict())
+        broadcast_state(self.waiter, module.state_dict())
 
     def broadcast_buffers(self, module):
         if self.world_size == 1:
             return
-        self.hvd.broadcast_parameters(list(module.named_buffers()), root_rank=0)
+        self.waiter.broadcast(module.named_buffers())
 
     def all_gather_object(self, obj):
         return self.hvd.allgather_object(obj)
 
     def barrier(self) -> None:
-        self.hvd.barrier()
+        # A sum of nothing, so that the wait is the Waiter's (hvd.barrier() waits by spinning).
+        self.waiter.result(self.hvd.allreduce_async(torch.zeros(1), op=self.hvd.Sum))
 
 
 class HorovodTimeline(Trace):
@@ -275,11 +282,11 @@ class HorovodTimeline(Trace):
         self.hvd.stop_timeline()
 
 
-def broadcast_state(hvd, state) -> None:
-    """hvd.broadcast_parameters for a state_dict that may hold channels-last tensors: Horovod
-    sends only contiguous tensors, so those travel as contiguous copies and are copied back."""
+def broadcast_state(waiter: Waiter, state) -> None:
+    """Rank 0's state_dict everywhere (hvd.broadcast_parameters), also when it holds channels-last tensors:
+    Horovod sends only contiguous tensors, so those travel as contiguous copies and are copied back."""
     contiguous = {name: tensor.contiguous() for name, tensor in state.items()}
-    hvd.broadcast_parameters(contiguous, root_rank=0)
+    waiter.broadcast(contiguous.items())
     for name, tensor in state.items():
         if contiguous[name] is not tensor:
             tensor.copy_(contiguous[name])

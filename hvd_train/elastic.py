@@ -85,7 +85,7 @@ def rejoin(hvd, state, trainer) -> None:
     newest = max(steps)
     if newest < 0:
         # The job starts: every rank built the same model and position; rank 0's weights win, as in wrap().
-        broadcast_state(hvd, trainer.plain_model.state_dict())
+        broadcast_state(trainer.backend.waiter, trainer.plain_model.state_dict())
         state.keep(trainer.state_dict())
         return
     root = steps.index(newest)

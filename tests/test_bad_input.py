@@ -41,6 +41,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, launcher, bad):
     assert not (tmp_path / "run").exists()
 
 
+def test_unknown_horovod_wait_is_one_line_and_exit_2(tmp_path):
+    result = launch("none-hvd", 1, ["--model", "mlp", "--max-steps", "1", "--run-dir", str(tmp_path / "run")],
+                    timeout=60, env={"HVD_TRAIN_WAIT": "busy"})
+    assert result.returncode == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == ["hvd_train: error: HVD_TRAIN_WAIT='busy': choose spin or poll, or unset it (poll on CPU, "
+                     "spin on a GPU)"], result.output
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
 TWO_RANK_LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
 TWO_RANK_BAD = ("unknown-model", "missing-data-dir")
 

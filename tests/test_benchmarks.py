@@ -202,6 +202,26 @@ def test_sweep_auto_leaves_the_variable_to_the_program(quick):
     assert chosen == [(1.0, "Horovod's default"), (5.0, "environment")]
 
 
+def test_sweep_of_a_flag_measures_its_off_once_as_the_reference(quick):
+    out, _ = quick
+    data = read(out, "deterministic/throughput.json")
+    # off sets nothing: it is the run with no knob set, not a second one.
+    assert [(c["knob"], c["value"], c["train_args"]) for c in data["cases"]] == [
+        ("deterministic", "off", []), ("deterministic", "on", ["--deterministic"])]
+    fusion = [case["runs"][0]["backend_options"]["fusion_threshold_bytes"] for case in data["cases"]]
+    assert fusion[0] > 0 and fusion[1] == 0  # on: Horovod without tensor fusion
+    assert len(list((out / "work" / "deterministic").iterdir())) == 2
+
+
+def test_horovod_wait_sweep_spins_when_told_and_polls_on_cpu_by_itself(quick):
+    out, _ = quick
+    data = read(out, "horovod-wait/throughput.json")
+    assert [(c["knob"], c["value"]) for c in data["cases"]] == [("HVD_TRAIN_WAIT", "spin"), ("HVD_TRAIN_WAIT", "auto")]
+    waits = [(case["runs"][0]["backend_options"]["wait"], case["runs"][0]["backend_options"]["wait_source"])
+             for case in data["cases"]]
+    assert waits == [("spin", "environment"), ("poll", "hvd_train: training on CPU")]
+
+
 def test_the_other_throughput_steps(quick):
     out, output = quick
     digits = read(out, "data-wait-digits/throughput.json")
