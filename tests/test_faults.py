@@ -9,6 +9,7 @@ import re
 import signal
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,13 +237,30 @@ class Stuck(Ended):
     named: float
 
 
+def _named(job: Job, launcher: str, frozen: psutil.Process) -> float:
+    """Seconds from now until the live rank of `job` names its frozen rank 1; then the frozen rank is killed,
+    gone as a dead host's rank would be (the launcher need not wait out its grace for a frozen one)."""
+    started = time.monotonic()
+    try:
+        # Named once the wait for it ran out: --timeout (the backend's own timeout or the watchdog's), plus
+        # the few seconds the live rank waits for an answer.
+        job.wait_for(rf"\[rank 0\] {PROG[launcher]}: error: rank 1 stopped taking part", timeout=40)
+        return time.monotonic() - started
+    finally:
+        try:
+            frozen.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 @pytest.fixture(scope="module")
 def rank_stuck(tmp_path_factory) -> Dict[str, Stuck]:
-    """Under each launcher in turn, a job with a short --timeout whose rank 1 is frozen (SIGSTOP) in its second
-    epoch, until rank 0 names it. One job at a time up to there (four starting together on two cores would
-    trip their own --timeout); their launchers wind down together (Open MPI's take about 20 s of waiting)."""
-    jobs, named, stuck = {}, {}, {}
-    with ExitStack() as cleanup:
+    """Under each launcher, a job with a short --timeout whose rank 1 is frozen (SIGSTOP) in its second epoch,
+    until rank 0 names it. The jobs start one after another, each once the one before has its rank frozen
+    (four starting together on two cores would trip their own --timeout at the first step); each is timed
+    from its own freeze, and their launchers wind down together (Open MPI's take about 20 s of waiting)."""
+    jobs, waits, stuck = {}, {}, {}
+    with ExitStack() as cleanup, ThreadPoolExecutor(len(TWO_RANK)) as pool:
         for launcher in TWO_RANK:
             run_dir = tmp_path_factory.mktemp(f"stuck-{launcher}") / "run"
             job = cleanup.enter_context(Job(command(launcher, 2, LONG + ["--timeout", str(STUCK_TIMEOUT_S),
@@ -251,20 +269,10 @@ def rank_stuck(tmp_path_factory) -> Dict[str, Stuck]:
             job.wait_for(r"epoch 2 step")
             frozen = worker(str(run_dir), 1)
             frozen.send_signal(signal.SIGSTOP)
-            started = time.monotonic()
-            try:
-                # Named once the wait for it ran out: --timeout (the backend's own timeout or the watchdog's),
-                # plus the few seconds the live rank waits for an answer.
-                job.wait_for(rf"\[rank 0\] {PROG[launcher]}: error: rank 1 stopped taking part", timeout=40)
-                named[launcher] = time.monotonic() - started
-            finally:
-                # Gone, as a dead host's rank would be: the launcher need not wait out its grace for a frozen one.
-                try:
-                    frozen.kill()
-                except psutil.NoSuchProcess:
-                    pass
+            waits[launcher] = pool.submit(_named, job, launcher, frozen)
         for launcher, (job, run_dir) in jobs.items():
-            stuck[launcher] = Stuck(run_dir, job.ended_within(90), job.output, named=named[launcher])
+            named = waits[launcher].result()
+            stuck[launcher] = Stuck(run_dir, job.ended_within(90), job.output, named=named)
     return stuck
 
 
