@@ -16,6 +16,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 from common.compare import arguments, stats, tables
 from common.compare.benchmarks import loop_ratios
 
+from .throughput import sets_nothing
+
 #: the project's targets, the one place they are written down: name -> (value, how it reads)
 TARGETS = {
     "loop_ratio": (1.02, "1.02"),
@@ -187,10 +189,8 @@ def _met(ok: Optional[bool]) -> str:
 def _reference_case(result: Dict) -> Optional[Dict]:
     """The case of a sweep with the knob left to the program: no knob set, or a value that sets nothing
     (auto, a flag's off)."""
-    def sets_nothing(case: Dict) -> bool:
-        return not case.get("train_args") and all(v is None for v in (case.get("env") or {}).values())
-
-    return next((c for c in result["cases"] if c["knob"] is None or sets_nothing(c)), None)
+    return next((c for c in result["cases"]
+                 if c["knob"] is None or sets_nothing(c.get("train_args") or [], c.get("env") or {})), None)
 
 
 def _loop_target(tp: Dict) -> tuple:

@@ -68,6 +68,12 @@ VAL_FRACTION = 0.2  # common.data's train/validation split
 DATASETS = ("synthetic", "digits")
 
 
+def sets_nothing(train_args: List[str], env: Dict[str, Optional[str]]) -> bool:
+    """A swept value that changes no option and sets no variable (auto, or a flag's off): its runs are those
+    of the case with no knob."""
+    return not train_args and all(value is None for value in env.values())
+
+
 @dataclass
 class Case:
     """One setting to measure: a model at an image size, plus the swept knob's value (if any)."""
@@ -80,15 +86,9 @@ class Case:
     env: Dict[str, Optional[str]] = field(default_factory=dict)  # None: removed from the job's environment
 
     @property
-    def sets_nothing(self) -> bool:
-        """The knob's value changes no option and sets no variable (auto, or a flag's off): the runs are
-        those of the case with no knob."""
-        return not self.train_args and all(value is None for value in self.env.values())
-
-    @property
     def is_reference(self) -> bool:
         """The case the bare loops are measured in: no knob set, or a value that sets nothing."""
-        return self.knob is None or self.sets_nothing
+        return self.knob is None or sets_nothing(self.train_args, self.env)
 
     @property
     def name(self) -> str:
@@ -231,7 +231,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     return _fail(str(exc))
                 swept.append(Case(model, size, knob, value, k_args, k_env))
         # A value that sets nothing (auto, a flag's off) is the case with no knob: measured once, by its name.
-        if not any(case.sets_nothing for case in swept):
+        if not any(sets_nothing(case.train_args, case.env) for case in swept):
             cases.append(Case(model, size))
         cases.extend(swept)
     # Check every training option once, here, with the training parser itself.

@@ -261,7 +261,7 @@ class HorovodBackend(Backend):
         return self.hvd.allgather_object(obj)
 
     def barrier(self) -> None:
-        # A sum of nothing, so that the wait is the Waiter's (hvd.barrier() waits by spinning).
+        # A sum of zeros every rank must join: a barrier whose wait is the Waiter's (hvd.barrier() spins).
         self.waiter.result(self.hvd.allreduce_async(torch.zeros(1), op=self.hvd.Sum))
 
 
