@@ -2,9 +2,9 @@
 
 The loop in common/train.py does, besides forward, backward and the optimizer step: the lr
 schedule, the train meters (a few small tensor ops), `loss.item()` and a JSON line in
-metrics.jsonl every --log-every steps, a watchdog beat, and about every CHECK_PERIOD_S of training
+metrics.jsonl every --log-every steps, notes of what the rank is doing (common.liveness), and about every CHECK_PERIOD_S of training
 (common.stopping) a tiny allreduce that lets the ranks agree to stop on a signal. This times each
-piece alone, in one process, with the real objects (SumMeter, RunDir, ProgressWatchdog, lr_at), at
+piece alone, in one process, with the real objects (SumMeter, RunDir, Activity, lr_at), at
 the model's real batch, and the stop check from the allreduce benchmark's smallest torch message
 (when DIR/allreduce.json exists), shared by the steps between two checks at the measured step time.
 
@@ -32,7 +32,7 @@ from common.metrics import SumMeter
 from common.models import build_model
 from common.optim import lr_at, make_optimizer, set_lr
 from common.rundir import RunDir
-from common.watchdog import ProgressWatchdog
+from common.liveness import Activity
 
 from common.compare import tables
 from common.stopping import CHECK_PERIOD_S, MAX_CHECK_EVERY
@@ -80,7 +80,7 @@ def measure(model_name: str, image_size: int, batch: int, threads: int, repeats:
     step_s = timed(step, max(3, repeats // 50))
     logits, loss = state["logits"], state["loss"]
     meter = SumMeter(["loss", "correct"], torch.device("cpu"))
-    watchdog = ProgressWatchdog(3600, lambda idle: None)
+    activity = Activity()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = RunDir(tmp, True)
         run_dir.open()
@@ -91,11 +91,12 @@ def measure(model_name: str, image_size: int, batch: int, threads: int, repeats:
             "loss.item()": lambda: loss.item(),
             "metrics.jsonl step line": lambda: run_dir.log("step", epoch=0, step=1, loss=0.5, lr=0.1, batch=batch,
                                                             data_s=0.001, step_s=0.1, comm_s=0.01),
-            "watchdog beat": watchdog.beat,
+            # the loop's notes of a step: its batch loaded, computing, the step done, loading the next
+            "activity notes": lambda: (activity.set("forward, backward and the optimizer step"),
+                                       setattr(activity, "step", 1), activity.set("loading data")),
         }
         costs = {name: timed(fn, repeats) for name, fn in parts.items()}
         run_dir.close()
-    watchdog.stop()
     every = steps_between_checks(step_s)
     if stop_check_s is not None:
         costs[STOP_CHECK] = stop_check_s / every

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import os
 import socket
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence
 import torch
 
 from .launch.placement import Placement
-from .liveness import Liveness
+from .liveness import Activity, Liveness
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,40 @@ class Tuning:
     predivide: bool = False      # divide gradients by the world size before the sum (Horovod; DDP always does)
 
 
+#: the collectives every backend implements, and what a rank in one is said to wait in (common.liveness)
+COLLECTIVES = {"all_reduce_sum": "an allreduce of metrics", "all_reduce_": "an allreduce",
+               "broadcast_module": "a broadcast of the weights", "broadcast_buffers": "a broadcast of the buffers",
+               "all_gather_object": "an allgather", "barrier": "a barrier"}
+
+
+def _waiting_in(doing: str, collective):
+    """`collective`, marking the rank as waiting on the other ranks while it runs."""
+    @functools.wraps(collective)
+    def marked(self, *args, **kwargs):
+        with self.activity.waiting(doing):
+            return collective(self, *args, **kwargs)
+
+    return marked
+
+
 class Backend(abc.ABC):
-    """Interface every backend implements. Methods are called on every rank unless noted."""
+    """Interface every backend implements. Methods are called on every rank unless noted.
+
+    Every collective a backend defines (COLLECTIVES) marks the rank as waiting on the others while it
+    runs, so the watchdog and the other ranks can tell a wait from a computation."""
 
     #: short name written into config.json and summary.json ("ddp", "horovod", "local")
     name: str = "abstract"
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        for method, doing in COLLECTIVES.items():
+            if method in cls.__dict__:
+                setattr(cls, method, _waiting_in(doing, cls.__dict__[method]))
+
     def __init__(self) -> None:
         self.tuning = Tuning()
-        self.current_step = 0
+        self.activity = Activity()
         self.liveness: Optional[Liveness] = None
         self._comm_seconds = 0.0
         self._device = torch.device("cpu")
@@ -120,18 +146,29 @@ class Backend(abc.ABC):
         every rank's (a collective). See common.liveness."""
         if self.liveness is not None:
             self.liveness.close()
-        self.liveness = Liveness(self.rank, lambda: self.current_step,
+        self.liveness = Liveness(self.rank, self.activity, self.host(),
                                  single_host=self.local_world_size == self.world_size)
-        addresses, hosts = zip(*self.all_gather_object((self.liveness.address, self.host())))
-        self.liveness.know(addresses, hosts)
+        self.liveness.know(self.all_gather_object(self.liveness.card()))
 
     def note_step(self, step: int) -> None:
         """Record the step this rank is on (what it answers to pings; must be cheap)."""
-        self.current_step = step
+        self.activity.step = step
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job's members may change while it runs (a rank that leaves is then no failure)."""
+        return False
 
     def explain_stall(self) -> Optional[str]:
-        """After a failed or stalled collective: which ranks stopped taking part, in one line, or None."""
+        """After a failed or stalled collective: where the other ranks are, in one line (the ones that stopped
+        taking part, or that every rank is alive and where), or None."""
         return self.liveness.explain() if self.liveness is not None else None
+
+    def end_stopped_peers(self) -> None:
+        """Last thing before this rank leaves a failed job: end the stopped processes of ranks on this host
+        that explain_stall() found (see common.liveness.Liveness.end_stopped)."""
+        if self.liveness is not None:
+            self.liveness.end_stopped()
 
     def close_liveness(self) -> None:
         """Stop answering pings (on the way out)."""
@@ -216,7 +253,8 @@ class Backend(abc.ABC):
 
     def barrier(self) -> None:
         """Wait until every rank arrives."""
-        self.all_reduce_sum([0.0])
+        with self.activity.waiting("a barrier"):
+            self.all_reduce_sum([0.0])
 
 
 class LocalBackend(Backend):

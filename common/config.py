@@ -191,7 +191,8 @@ class Config:
     log_every: int = option(1, "run", "write a step event to metrics.jsonl every N steps", parse=positive_int)
     run_dir: str = option("runs/latest", "run", "where rank 0 writes the run directory")
     timeout: float = option(300.0, "run", "seconds a collective (or the rendezvous) may wait for another rank before "
-                                          "the job fails naming the ranks that stopped taking part",
+                                          "the job fails saying where every rank is (time spent computing never "
+                                          "counts)",
                             parse=positive_float)
     checkpoint_every: int = option(0, "run", "also checkpoint every N optimizer steps (a checkpoint is always written "
                                              "at every epoch end and when training stops); 0: epoch ends only",

@@ -5,8 +5,9 @@ final checkpoint and end with 128 + the signal. A second one stops at once (the 
 The ranks agree often enough that a stop takes at most about CHECK_PERIOD_S of training, or one step
 when steps are longer than that: launchers give their workers only seconds after the signal
 (horovodrun 5 s, mpirun --mca odls_base_sigkill_timeout, 1 s by default) before killing them.
-The watchdog ends a rank that made no progress for longer than --timeout plus a grace period: some
-waits (an MPI collective whose peer stopped) have no timeout of their own.
+The watchdog ends a rank whose collective waited longer than --timeout plus a grace period (some waits,
+an MPI collective whose peer stopped, have no timeout of their own), or at once when a rank it waits for
+is gone; either way it says where every other rank is.
 """
 
 from __future__ import annotations
@@ -15,18 +16,19 @@ import os
 import signal
 import sys
 import time
-from typing import Optional
+from typing import List, Optional
 
 from .backend import Backend
 from .config import print_error
-from .watchdog import ProgressWatchdog
+from .liveness import PeerState
+from .watchdog import CollectiveWatchdog
 
 #: training seconds between the ranks' checks for a stop request (a tiny collective each time)
 CHECK_PERIOD_S = 0.5
 #: at most this many steps between two checks (steps of under a millisecond)
 MAX_CHECK_EVERY = 1000
-#: how much longer than --timeout the progress watchdog waits (the backends' own timeouts go first)
-WATCHDOG_GRACE_S = 2.0
+#: how much longer than --timeout the watchdog lets a collective wait (the backends' own timeouts go first)
+WATCHDOG_GRACE_S = 1.0
 
 
 class Interrupted(Exception):
@@ -43,7 +45,7 @@ class StopControl:
     def __init__(self, backend: Backend, timeout_s: float, prog: str) -> None:
         self.backend, self.timeout_s, self.prog = backend, timeout_s, prog
         self.signal: Optional[int] = None
-        self.watchdog: Optional[ProgressWatchdog] = None
+        self.watchdog: Optional[CollectiveWatchdog] = None
         self.next_check = 1  # the first check comes after the first step, then at the agreed pace
         self._last_check_step = 0
         self._last_check_time = time.monotonic()
@@ -59,12 +61,11 @@ class StopControl:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, request_stop)
         self._last_check_time = time.monotonic()
-        self.watchdog = ProgressWatchdog(self.timeout_s + WATCHDOG_GRACE_S, self._no_progress)
-
-    def beat(self) -> None:
-        """Progress was made (a step, an evaluation batch, a checkpoint)."""
-        if self.watchdog is not None:
-            self.watchdog.beat()
+        backend = self.backend
+        # Under Horovod elastic a rank that leaves is no failure: the job re-forms without it.
+        gone = None if backend.elastic or backend.liveness is None else backend.liveness.gone
+        self.watchdog = CollectiveWatchdog(backend.activity, self.timeout_s + WATCHDOG_GRACE_S, self._waited_too_long,
+                                           gone=gone, on_gone=self._peers_gone)
 
     def agreed(self, step: int, now: bool = False) -> Optional[int]:
         """At the agreed steps (or `now`; a collective on every rank): the signal to stop at, if any rank
@@ -76,7 +77,8 @@ class StopControl:
         if step < self.next_check and not now:
             return None
         elapsed_us = round((time.monotonic() - self._last_check_time) * 1e6)
-        asking, total_us = self.backend.all_reduce_sum([1.0 if self.signal else 0.0, float(elapsed_us)])
+        with self.backend.activity.waiting("the stop agreement"):
+            asking, total_us = self.backend.all_reduce_sum([1.0 if self.signal else 0.0, float(elapsed_us)])
         steps = max(step - self._last_check_step, 1)
         step_us = max(total_us / self.backend.world_size / steps, 1.0)
         self.next_check = step + min(max(int(CHECK_PERIOD_S * 1e6 // step_us), 1), MAX_CHECK_EVERY)
@@ -88,13 +90,26 @@ class StopControl:
         if self.watchdog is not None:
             self.watchdog.stop()
 
-    def _no_progress(self, idle_s: float) -> None:
-        """Watchdog expiry: say what is known about the stall, then end this rank at once."""
+    def _waited_too_long(self, waited_s: float) -> None:
+        """Watchdog expiry: say how long this rank waited and where every other rank is, then end it."""
+        activity = self.backend.activity
+        self._leave(f"waited {waited_s:.0f} s in {activity.doing} at step {activity.step} (--timeout "
+                    f"{self.timeout_s:g})", self.backend.explain_stall())
+
+    def _peers_gone(self, gone: List[PeerState]) -> None:
+        """A rank this one waits for has ended: no collective can complete, so end this rank now."""
+        activity = self.backend.activity
+        ranks = ", ".join(str(peer.rank) for peer in gone)
+        gone_s = "its process is gone" if len(gone) == 1 else "their processes are gone"
+        self._leave(f"rank{'s' if len(gone) > 1 else ''} {ranks} stopped taking part ({gone_s}; this rank was waiting "
+                    f"in {activity.doing} at step {activity.step}, which cannot complete without "
+                    f"{'it' if len(gone) == 1 else 'them'})", None)
+
+    def _leave(self, first: str, second: Optional[str]) -> None:
         rank = self.backend.rank
-        print_error(f"{self.prog}: error: no progress for {idle_s:.0f} s at step {self.backend.current_step} "
-                    f"(--timeout {self.timeout_s:g}); another rank stopped taking part in a collective", rank)
-        stall = self.backend.explain_stall()
-        if stall:
-            print_error(f"{self.prog}: error: {stall}", rank)
+        print_error(f"{self.prog}: error: {first}", rank)
+        if second:
+            print_error(f"{self.prog}: error: {second}", rank)
         sys.stdout.flush()
+        self.backend.end_stopped_peers()
         os._exit(1)

@@ -113,6 +113,7 @@ class Trainer:
             sys.stdout.flush()
             # No graceful shutdown: the other ranks may be waiting in a collective that will never
             # complete, and a clean shutdown would wait for them too.
+            self.backend.end_stopped_peers()
             os._exit(1)
         finally:
             self.stop.close()
@@ -192,7 +193,8 @@ class Trainer:
             self.step = ExactStep(model, optimizer, backend, self.precision, config, self.batches)
         else:
             # Wrap first: Horovod's DistributedOptimizer is a new optimizer over the same parameters.
-            self.model, self.optimizer = backend.wrap(model, optimizer)
+            with backend.activity.waiting("the broadcast of rank 0's weights"):  # wrap() broadcasts them
+                self.model, self.optimizer = backend.wrap(model, optimizer)
             self.plain_model = backend.unwrap(self.model)
             self.step = AllreduceStep(self.model, self.plain_model, self.optimizer, backend, self.precision,
                                       config.clip_grad_norm)
@@ -226,9 +228,11 @@ class Trainer:
         self.model.train()
         timer.start_epoch()
         bar = epoch_bar(config.progress, backend.is_main, epoch, self.batches.steps_per_epoch, pos.batch // accumulate)
+        backend.activity.set("loading data")
         for group in self.batches.epoch(epoch, skip=pos.batch):
             group = [self.to_device(images, labels) for images, labels in group]
             timer.fetched()
+            backend.activity.set(self.step.doing)
             lr = self.lr_at(pos.step)
             set_lr(self.optimizer, lr)
             loss, samples = self.step(group, pos.meter, pos.step)
@@ -237,7 +241,6 @@ class Trainer:
             pos.step += 1
             pos.batch += accumulate
             backend.note_step(pos.step)
-            self.stop.beat()
             self.profiler.after_step()
             bar.update(1)
             last = pos.step >= self.batches.total_steps
@@ -257,6 +260,7 @@ class Trainer:
                     self.save_checkpoint()
                 self.stopped(signum)
             timer.next_fetch()
+            backend.activity.set("loading data")
             if last:
                 break
         bar.close()
@@ -339,8 +343,7 @@ class Trainer:
 
     def evaluate(self) -> Dict[str, float]:
         """Exact validation of the current weights (a collective)."""
-        return evaluate(self.plain_model, self.batches.val_loader, self.backend, self.precision, self.to_device,
-                        self.stop.beat)
+        return evaluate(self.plain_model, self.batches.val_loader, self.backend, self.precision, self.to_device)
 
     def new_meter(self) -> SumMeter:
         """Empty partial sums of an epoch's training metrics."""
@@ -348,13 +351,12 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         """A checkpoint of where training stands (a collective); its write is left out of the timing."""
-        self.stop.beat()
+        self.backend.activity.set("writing a checkpoint")
         started = self.timer.clock.now()
         state = self.state_dict()
         path = self.checkpointer.save(state)
         if path:
             self.run_dir.log("checkpoint", epoch=state["epoch"], step=state["step"], path=path)
-        self.stop.beat()
         self.timer.paused(self.timer.clock.now() - started)
 
     # --- the state of training ---------------------------------------------------------------------

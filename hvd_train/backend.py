@@ -228,8 +228,9 @@ class HorovodBackend(Backend):
         # Allreduces were launched by hooks during backward; synchronize() waits for the ones
         # still in flight, which is the communication that compute did not hide.
         started = time.perf_counter()
-        self.waiter.before_synchronize(optimizer)
-        optimizer.synchronize()
+        with self.activity.waiting("the gradient allreduce"):
+            self.waiter.before_synchronize(optimizer)
+            optimizer.synchronize()
         self._comm_seconds += time.perf_counter() - started
         yield
 

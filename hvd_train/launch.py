@@ -8,10 +8,12 @@ from typing import List
 
 from common.launch.registry import Launcher, Shape, script, srun_shape
 
-#: mpirun's odls_base_sigkill_timeout: the seconds it waits before passing SIGINT/SIGTERM on to the ranks (as
-#: SIGTERM), and again before killing them. 10 leaves steps of up to about 9 s room for a final checkpoint
-#: and ends a job within 15 s of the signal plus a step.
-SIGKILL_GRACE_S = 10
+#: mpirun's odls_base_sigkill_timeout T. Whenever mpirun ends a job (Ctrl-C, SIGTERM, a rank that failed) it
+#: sends SIGCONT to the ranks still running, sleeps T, sends SIGTERM, sleeps T and kills them: the sleeps are
+#: unconditional, so a failed job lingers 2T after its first failed rank however fast the others end. 5 gives
+#: a final checkpoint 10 s after Ctrl-C at the terminal (5 s after a SIGTERM to mpirun alone) and ends a job
+#: with a frozen or dead rank within --timeout + 15 s.
+SIGKILL_GRACE_S = 5
 
 
 def mpi_flags() -> List[str]:
