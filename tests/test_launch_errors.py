@@ -78,7 +78,7 @@ def test_unreadable_data_files_fail_fast_on_every_rank(tmp_path, launcher, datas
     spoil(root)
     result = launch(launcher, 2, ["--dataset", dataset, "--data-dir", str(root), *TINY,
                                   "--run-dir", str(tmp_path / "run")], timeout=90)
-    # mpirun waits odls_base_sigkill_timeout (10 s) twice after a rank fails, however fast the ranks end.
+    # mpirun waits odls_base_sigkill_timeout (5 s) twice after a rank fails, however fast the ranks end.
     assert result.returncode != 0 and result.seconds < 45
     for rank in range(2):
         line = re.search(rf"\[rank {rank}\] (ddp|hvd)_train: error: cannot read .*--data-dir.*", result.output)
