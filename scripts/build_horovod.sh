@@ -2,9 +2,9 @@
 # Build a Horovod wheel from its PyPI source against the torch in the given interpreter.
 #   build_horovod.sh PYTHON VERSION {cpu|nccl} OUT_DIR
 # Horovod 0.28.1 (its last release) predates torch 2.14; the patches below are the minimum
-# that make it build, each explained where it is applied, and two for horovodrun: its rendezvous
-# listens on the address its workers use (loopback for a one-host job), and a stopped job's workers get
-# the time torchrun gives them to finish a step and write a checkpoint.
+# that make it build, each explained where it is applied, and three for horovodrun: its rendezvous
+# listens on the address its workers use (loopback for a one-host job), a stopped job's workers get
+# the time torchrun gives them to finish a step and write a checkpoint, and a stopped job exits non-zero.
 set -euo pipefail
 PY="$1"; VERSION="$2"; FLAVOUR="$3"; OUT="$4"
 
@@ -41,6 +41,13 @@ edits = [
     # sets another.
     ("common/util/safe_shell_exec.py", "GRACEFUL_TERMINATION_TIME_S = 5",
      "GRACEFUL_TERMINATION_TIME_S = float(os.environ.get('HOROVOD_GRACEFUL_TERMINATION_TIME_S', '30'))"),
+    # A worker stopped by horovodrun (Ctrl-C, SIGTERM, another worker failed) is waited for twice: by the thread
+    # that stops it (psutil, which reaps it) and by its middleman, whose wait then finds no child and reports 0,
+    # so horovodrun could exit 0 after a SIGTERM. A worker stopped that way reports the signal it was sent.
+    ("common/util/safe_shell_exec.py", "    exit_code = executor_shell.wait()\n",
+     "    exit_code = executor_shell.wait()\n"
+     "    if exit_code == 0 and exit_event.is_set():  # its status was reaped by the stopping thread\n"
+     "        exit_code = -signal.SIGTERM\n"),
 ]
 for name, old, new in edits:
     path = src / name
