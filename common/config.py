@@ -206,9 +206,14 @@ class Config:
     tensorboard: bool = option(False, "run", "also write TensorBoard event files to RUN_DIR/tensorboard (rank 0)")
     progress: str = option("auto", "run", "tqdm progress bar on rank 0; auto: only when stderr is a terminal",
                            choices=("auto", "on", "off"))
-    perturb_ulp: int = option(0, "run", "move every nonzero initial weight N units in the last place away from zero: "
-                                        "the smallest disturbance, whose effect on the result is the noise floor "
-                                        "compare-backends measures; 0: off", parse=non_negative_int, metavar="N")
+    perturb_ulp: int = option(0, "run", "move every nonzero initial weight N units in the last place (which way: "
+                                        "--perturb-pattern): the smallest disturbance, whose effect on training is the "
+                                        "noise floor compare-backends measures; 0: off", parse=non_negative_int,
+                              metavar="N")
+    perturb_pattern: int = option(1, "run", "with --perturb-ulp, which way each parameter tensor moves: 1 every tensor away "
+                                            "from zero, 2 toward zero, 3 and up each tensor one way or the other (drawn "
+                                            "from the number): distinct disturbances of the same size, whose outcomes "
+                                            "make the noise floor's spread", parse=positive_int, metavar="P")
     # reduction
     reduction: str = option("allreduce", "reduction", "allreduce: each backend's own gradient averaging (fast; bitwise "
                                                       "equal across backends only at 2 ranks); exact: fixed-point sums "

@@ -60,10 +60,12 @@ def command_line() -> str:
 
 def config_record(config: Config, backend: Backend, rank_hosts: List[str], threads: int, info: DataInfo,
                   model_factory: Optional[Dict], train_samples: int, val_samples: int, batches: Batches,
-                  precision: Dict, profile: Dict, resumed_from: Optional[str], buffers: List[str]) -> Dict:
+                  precision: Dict, profile: Dict, resumed_from: Optional[str], buffers: List[str],
+                  parameters: List[str]) -> Dict:
     """config.json: the resolved settings and everything about where and how the run ran. `factories` names
     where a model or dataset given by import path came from (None for the built-ins); `buffers` names the
-    model's buffers (state that is not a parameter, such as BatchNorm's running statistics)."""
+    model's buffers (state that is not a parameter, such as BatchNorm's running statistics); `parameters` names
+    its parameters in the order of the step events' `wnorm` (common.fingerprint)."""
     factories = {"model": model_factory, "dataset": info.factory}
     return {
         "config": config.to_dict(),
@@ -79,6 +81,7 @@ def config_record(config: Config, backend: Backend, rank_hosts: List[str], threa
                     "image_size": info.image_size, "num_classes": info.num_classes},
         "factories": factories,
         "buffers": buffers,
+        "parameters": parameters,
         "steps_per_epoch": batches.steps_per_epoch,
         "total_steps": batches.total_steps,
         "global_batch": batches.global_batch,

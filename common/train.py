@@ -20,6 +20,7 @@ from .config import AMP_FP16_NEEDS_CUDA, Config, UsageError, fail_usage, print_e
 from .data import open_datasets
 from .evaluation import evaluate
 from .finite import LossWatch, NonFinite, nonfinite_tensors, weights_message
+from .fingerprint import parameter_names, weight_norms
 from .launch.placement import default_threads
 from .metrics import SumMeter
 from .modelcheck import check_trainable
@@ -135,7 +136,7 @@ class Trainer:
                                      self.info.num_classes, config.seed, parse_literals(config.model_arg))
             check_trainable(self.model, config.model, self.train_set, self.info.num_classes,
                             exact=config.reduction == "exact")
-            perturb_ulp(self.model, config.perturb_ulp)  # every rank alike, before the first broadcast
+            perturb_ulp(self.model, config.perturb_ulp, config.perturb_pattern)  # every rank alike, before the first broadcast
             backend.select_device(config.device)
         except (UsageError, ValueError, RuntimeError) as exc:
             fail_usage(self.prog, str(exc))
@@ -251,7 +252,8 @@ class Trainer:
                 loss_value = loss.item()
                 bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
                 self.run_dir.log("step", epoch=epoch, step=pos.step, loss=loss_value, lr=lr, batch=samples,
-                                 data_s=data_s, step_s=step_s, comm_s=comm_s)
+                                 data_s=data_s, step_s=step_s, comm_s=comm_s,
+                                 wnorm=weight_norms(self.plain_model) if backend.is_main else None)
             if checkpoint_due:
                 self.save_checkpoint()
             signum = None if last else self.stop.agreed(pos.step)
@@ -444,9 +446,12 @@ class Trainer:
         self.run_dir.write_json("config.json", config_record(
             self.config, self.backend, rank_hosts, self.threads, self.info, self.model_choice.record(),
             len(self.train_set), len(self.val_set), self.batches, self.precision.describe(), self.profiler.describe(), pos.resumed_from,
-            buffers=[name for name, _ in self.plain_model.named_buffers()]))
+            buffers=[name for name, _ in self.plain_model.named_buffers()],
+            parameters=parameter_names(self.plain_model)))
         for note in pos.notes:
             self.run_dir.log("note", step=pos.step, message=note)
+        # The weights training starts from (after the broadcast or a resume): the step events' wnorm continue it.
+        self.run_dir.log("start", step=pos.step, wnorm=weight_norms(self.plain_model) if self.backend.is_main else None)
 
     def note(self, message: str) -> None:
         """A note event for metrics.jsonl, written when the run directory is (re)opened."""

@@ -1,0 +1,27 @@
+"""A cheap fingerprint of the weights at a logged step: every parameter tensor's L2 norm, in float64.
+
+Two runs whose fingerprints differ after step s had different weights after step s, so the comparison can
+tell the step a difference acts on (a learning rate, a weight decay, a compression changes the very first
+update) without storing the weights of every step. Norms are taken in float64 so that a difference of one
+unit in the last place of float32 weights still shows.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+
+@torch.no_grad()
+def weight_norms(model: torch.nn.Module) -> List[float]:
+    """The L2 norm of every parameter of `model`, in named_parameters() order (float64)."""
+    params = [p.detach() for p in model.parameters()]
+    if not params:
+        return []
+    return torch.stack([torch.linalg.vector_norm(p, dtype=torch.float64) for p in params]).cpu().tolist()
+
+
+def parameter_names(model: torch.nn.Module) -> List[str]:
+    """The names weight_norms() gives its norms in."""
+    return [name for name, _ in model.named_parameters()]
