@@ -602,50 +602,73 @@ def stop_latency_table(results: Results, name: str) -> str:
     return framed(results, [name], body)
 
 
-def noise_floor_table(results: Results, name: str) -> str:
-    """The DDP/Horovod gap and the noise floor side by side, with the verdict they give."""
+def _grid_row(g: Dict) -> List[str]:
+    return [g["floor_runs"], f"{g['margin']:g}", f"{len(g['false_alarms'])} of {g['same']}",
+            f"{len(g['misses'])} of {g['real']}", ", ".join(g["false_alarms"] + g["misses"]) or "–"]
+
+
+def verdicts_tables(results: Results, name: str) -> str:
+    """The verdict corpus: false alarms and misses per floor size and margin, then every pair at the defaults."""
 
     def body() -> str:
         result = results.get(name)
-        st, pair, floor = result["settings"], result["pair"], result["floor"]
-
-        def row(label: str, entry: Dict) -> List[str]:
-            params, buffers = entry["tensors"].get("parameters") or {}, entry["tensors"].get("buffers") or {}
-            top = (params.get("largest") or [{}])[0].get("tensor")
-            return [label, f"{entry['gap']:.2g}" + (f" ({top})" if top else ""),
-                    tables.number(buffers.get("max_rel"), ".2g"), tables.number(params.get("max_abs"), ".3g"),
-                    tables.number(buffers.get("max_abs"), ".3g"), tables.number(entry["max_rel_loss_diff"], ".2g")]
-
-        rows = [row(f"{pair['a']} vs {pair['b']}", pair)]
-        if floor:
-            rows.append(row(f"{floor['base']} vs {floor['disturbed']} ({floor['ulp']} ulp: the floor)", floor))
-        return (f"{st['np']} ranks, `{' '.join(st['train_args'])}`:\n\n"
-                + tables.markdown(["pair", "parameters ‖Δ‖/‖w‖ (largest in)", "buffers ‖Δ‖/‖w‖",
-                                   "parameters max |Δw|", "buffers max |Δw|", "max Δloss / loss"], rows)
-                + f"\n\nVerdict: **{pair['verdict']}** (gap / floor {tables.number(pair['floor_ratio'], '.3g')}, "
-                f"within up to {result['floor_margin']:g}x)." + _failures(result))
+        st = result["settings"]
+        grid = tables.markdown(["disturbed runs in the floor", "margin", "false alarms", "misses", "wrong"],
+                               [_grid_row(g) for g in result["grid"]])
+        key = f"{st['default_floor_runs']}@{st['default_margin']:g}"
+        rows = []
+        for case in result["cases"]:
+            judged = case["judged"].get(key) or {}
+            largest = judged.get("largest_band_ratio") or {}
+            rows.append([case["name"], case["what"], case["setting"],
+                         "same training" if case["kind"] == "same" else f"differs from step {case['expected_step']}",
+                         tables.number(largest.get("ratio"), ".3g"),
+                         judged.get("trains_differently_from") or "–", "yes" if judged.get("correct") else "**no**"])
+        pairs = tables.markdown(["pair", "the Horovod side (or second run)", "setting", "truth",
+                                 "largest gap / band", "judged beyond from step", "right"], rows)
+        return (f"{len(result['cases'])} pairs ({sum(c['kind'] == 'same' for c in result['cases'])} same-training, "
+                f"{sum(c['kind'] == 'real' for c in result['cases'])} with one real difference), each judged by "
+                "the comparison's own code against floors of 1 to "
+                f"{st['max_floor']} disturbed runs of its setting, at margins {', '.join(f'{m:g}' for m in st['margins'])}:"
+                f"\n\n{grid}\n\nEvery pair at the defaults ({st['default_floor_runs']} disturbed runs, margin "
+                f"{st['default_margin']:g}):\n\n{pairs}" + _failures(result))
 
     return framed(results, [name], body)
 
 
-def noise_floor_sentence(results: Results, name: str) -> str:
-    """The measured example in one paragraph, as docs/comparing.md quotes it (tests/test_docs.py checks)."""
+def verdicts_sentence(results: Results, name: str) -> str:
+    """The corpus in a few sentences, as docs/comparing.md quotes it (tests/test_docs.py checks)."""
     result = results.get(name)
     if result is None:
         return MISSING_FILE.format(path=results.path(name))
-    pair, floor = result["pair"], result["floor"]
+    st = result["settings"]
+    at = {(g["floor_runs"], g["margin"]): g for g in result["grid"]}
+    default = at[(st["default_floor_runs"], st["default_margin"])]
+    key = f"{st['default_floor_runs']}@{st['default_margin']:g}"
 
-    def part(entry: Dict, kind: str) -> str:
-        group = entry["tensors"].get(kind) or {}
-        top = (group.get("largest") or [{}])[0].get("tensor")
-        return f"{group.get('max_rel', 0):.2g}" + (f" (most in `{top}`)" if top else "")
+    def ratio(case: Dict, where: str = key) -> float:
+        return (case["judged"][where].get("largest_band_ratio") or {}).get("ratio") or 0.0
 
-    return (f"The backends' parameters end {part(pair, 'parameters')} apart and their buffers "
-            f"{part(pair, 'buffers')}, the largest element-wise difference {pair['max_abs_weight_diff']:.3g}; the "
-            f"loss differs first at step {pair['first_differing_step']}, by up to "
-            f"{pair['max_rel_loss_diff']:.2g} of itself. DDP against itself after a one-ulp disturbance: "
-            f"parameters {part(floor, 'parameters')}, buffers {part(floor, 'buffers')}, the loss up to "
-            f"{floor['max_rel_loss_diff']:.2g}. Verdict: *{pair['verdict']}*.")
+    same = [c for c in result["cases"] if c["kind"] == "same"]
+    real = [c for c in result["cases"] if c["kind"] == "real"]
+    by_lr = [c for c in real if ratio(c) <= st["default_margin"] and c["judged"][key]["correct"]]
+    text = (f"On {len(same)} same-training pairs and {len(real)} pairs with one real difference, "
+            f"{st['default_floor_runs']} disturbed runs at margin {st['default_margin']:g} give "
+            f"{len(default['false_alarms'])} false alarms and {len(default['misses'])} misses: no same-training pair "
+            f"comes above {max(ratio(c) for c in same):.2g}x the floor's band, and every real difference leaves it "
+            f"from its first step by at least {min(ratio(c) for c in real if c not in by_lr):,.0f}x")
+    if by_lr:
+        text += (" or differs in its learning rate (" + ", ".join(f"{c['name']}, {ratio(c):.2g}x" for c in by_lr)
+                 + ")")
+    one = at.get((1, st["default_margin"]))
+    if one is not None and st["default_floor_runs"] != 1:
+        alarms = [c for c in same if c["name"] in one["false_alarms"]]
+        one_key = f"1@{st['default_margin']:g}"
+        shown = "".join(f" ({c['name']}, {ratio(c, one_key):,.0f}x its band)" for c in alarms)
+        text += (f". One disturbed run gives {len(one['false_alarms'])} false alarm"
+                 f"{'s' if len(one['false_alarms']) != 1 else ''}{shown} and {len(one['misses'])} miss"
+                 f"{'es' if len(one['misses']) != 1 else ''}")
+    return text + "."
 
 
 def exact_cost_tables(results: Results, name: str) -> str:
@@ -702,6 +725,6 @@ BLOCKS: Dict[str, Callable[..., str]] = {
     "ddp_comm_hook_table": ddp_comm_hook_table,
     "horovod_cycle_table": horovod_cycle_table,
     "stop_latency_table": stop_latency_table,
-    "noise_floor_table": noise_floor_table,
+    "verdicts_tables": verdicts_tables,
     "exact_cost_tables": exact_cost_tables,
 }

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..config import OneLineParser, build_parser
+from ..config import OneLineParser, build_parser, positive_int
 from . import arguments, benchmarks, report
 from . import floor
 from .analysis import DEFAULT_TOLERANCE, FLOOR_MARGIN, weight_difference
+from .floor import DEFAULT_FLOOR_RUNS
 from .matrix import MatrixRunner, failure_record, plan, rerun_disturbed
 from .rundirs import check_comparable, number_repeats, read_run
 from .sites import Hosts, SlurmAllocation, ThisHost
@@ -38,12 +39,15 @@ def build_compare_parser() -> argparse.ArgumentParser:
                         "size: predivide (Horovod dividing before the sum, as DDP does), deterministic (Horovod "
                         "without tensor fusion, twice: is it reproducible then?), none")
     p.add_argument("--noise-floor", choices=("on", "off"), default="on",
-                   help="on: where backends end with different weights (3 ranks or more), one more run of the first "
-                        "backend with its initial weights moved by one ulp measures how far rounding alone carries a "
-                        "run, and gaps are judged against it; with --runs, a disturbed run among them is used, else "
-                        "one is made by rerunning a given run's settings here")
+                   help="on: where backends end with different weights (3 ranks or more), --floor-runs more runs of "
+                        "the first backend, each with its initial weights moved by one ulp in its own pattern, measure "
+                        "how far rounding alone carries a run at every step, and gaps are judged against that spread; "
+                        "with --runs, disturbed runs among them are used, else they are made by rerunning a given "
+                        "run's settings here")
+    p.add_argument("--floor-runs", type=positive_int, default=DEFAULT_FLOOR_RUNS,
+                   help="how many disturbed runs make the noise floor (docs/comparing.md says why the default)")
     p.add_argument("--floor-margin", type=float, default=FLOOR_MARGIN,
-                   help="a gap up to this many times the noise floor is within it")
+                   help="a pair's gap at a step up to this many times the noise floor's band there is within it")
     p.add_argument("--hosts", "-H", metavar="HOST:SLOTS,...",
                    help="run across these hosts, as horovodrun -H spells them (node0:4,node1:4); each world size is "
                         "placed on them in order. Needs passwordless ssh and the same paths on every host; the "
@@ -109,14 +113,18 @@ def measure_missing_floors(runs: List, args: argparse.Namespace) -> Dict[int, st
         else:
             source = floor.to_disturb(runs, world)
             print(f"{PROG}: no disturbed run at world size {world} among --runs; rerunning {source.name}'s settings "
-                  "here with --perturb-ulp 1", flush=True)
-            made, why = rerun_disturbed(source, args.out, args.run_timeout, lambda line: print(line, flush=True))
-            if made is None:
+                  f"here with --perturb-ulp 1, {args.floor_runs} disturbance{'s' if args.floor_runs > 1 else ''}",
+                  flush=True)
+            made, why = rerun_disturbed(source, args.floor_runs, args.out, args.run_timeout,
+                                        lambda line: print(line, flush=True))
+            if not made:
                 unknown[world] = why
                 continue
-            disturbed = read_run(made)
-            disturbed.launch["note"] = f"made by the comparison from {source.path}"
-            runs.append(disturbed)
+            for path in made:
+                disturbed = read_run(path)
+                disturbed.launch["note"] = f"made by the comparison from {source.path}"
+                runs.append(disturbed)
+    number_repeats(runs)
     return unknown
 
 
@@ -155,7 +163,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             site = choose_site(args)
             planned = plan(args.backends, world_sizes, args.hvd_controllers, args.repeats, explain, site,
-                           floor=args.noise_floor == "on")
+                           floor=args.floor_runs if args.noise_floor == "on" else 0)
         except ValueError as exc:
             return fail(str(exc))
         if isinstance(site, Hosts) and not site.slurm:
@@ -196,7 +204,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     summary = report.build(runs, failures, args.out, args.tolerance, notes, bench, unknown, args.floor_margin)
     print(f"{PROG}: report {(args.out / 'report.md').resolve()}")
     for p in summary["parity"]:
-        if p["kind"] == "backends":
+        if p["kind"] != "repeat":
             print(f"  weights @{p['world_size']}: {p['a']} vs {p['b']}: {p['verdict']}")
     for v in summary["speed"]:
         print(f"  speed: {v['verdict']}")

@@ -5,16 +5,27 @@ from __future__ import annotations
 from itertools import combinations
 from typing import Dict, List, Optional
 
-from . import gaps, stats
+from . import gaps, stats, trajectory
+from .floor import JUDGED, OUTCOME
 from .rundirs import Run
 
 #: max |Δw| at or below which non-identical weights are called equal (summation order only)
 DEFAULT_TOLERANCE = 1e-5
 
-
-#: a gap up to this many times the noise floor is within it: the floor is one sample of how far rounding
-#: carries a run, and rounding's effect grows by orders of magnitude over a chaotic run
+#: a pair's gap at a step may be up to this many times the noise floor's band there and be within it
 FLOOR_MARGIN = 10.0
+#: two measured gaps are "about the same" unless one is more than this many times the other
+SAME_WITHIN = 2.0
+
+
+def relation(x: float, y: float) -> str:
+    """How `x` compares with `y` by the stated rule (SAME_WITHIN): "larger than", "smaller than" or "about the
+    same as". Gaps of a chaotic process are never called larger for 8.004e-3 against 8.008e-3."""
+    if x > SAME_WITHIN * y:
+        return "larger than"
+    if y > SAME_WITHIN * x:
+        return "smaller than"
+    return "about the same as"
 
 
 def weight_difference(a: Run, b: Run) -> float:
@@ -29,66 +40,132 @@ def weight_difference(a: Run, b: Run) -> float:
     return worst
 
 
+def outcome(a: Run, b: Run, floor: Optional[Dict]) -> Dict:
+    """The two runs' final metrics beside the range of the floor's runs, and the runs whose accuracy ends beyond
+    rounding's reach: further outside that range than the range is wide, and by more than one validation sample.
+    A few disturbed runs sample rounding's outcomes; a run just outside their range is one more sample."""
+    found = {"metrics": {m: [a.summary.get(m), b.summary.get(m)] for m in OUTCOME}, "range": None, "outside": []}
+    ranges = (floor or {}).get("outcome")
+    if not ranges:
+        return found
+    found["range"] = ranges
+    for run in (a, b):
+        for metric in JUDGED:
+            value, bounds = run.summary.get(metric), ranges.get(metric)
+            if value is None or bounds is None:
+                continue
+            lo, hi = bounds
+            one_sample = 1.0 / max((run.config.get("dataset") or {}).get("val_samples") or 1, 1)
+            slack = max(hi - lo, one_sample)
+            if value < lo - slack or value > hi + slack:
+                found["outside"].append({"run": run.name, "metric": metric, "value": value, "range": bounds,
+                                         "by": value - lo if value < lo else value - hi})
+    return found
+
+
 def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional[Dict] = None,
            margin: float = FLOOR_MARGIN) -> Dict:
-    """How closely two runs learned the same thing: per-step loss differences (absolute and relative to the
-    loss), the first differing step, the final weights' gaps per tensor, and a verdict in words, judged
-    against the noise floor `floor` (common.compare.floor; {"unknown": why} when there is none)."""
+    """How closely two runs learned the same thing, judged where their divergence starts: per-step gaps of the
+    loss and the weights' fingerprint against the noise floor's band (common.compare.trajectory), the first step
+    at which they differ and the first at which they leave the band, the learning rate, the final weights' gaps
+    per tensor, the final loss and accuracy against the floor's range, and a verdict in words. `floor` is
+    common.compare.floor's measure ({"unknown": why} when there is none)."""
+    sa, sb = a.step_states(), b.step_states()
+    steps = trajectory.step_gaps(sa, sb)
     la, lb = a.step_losses(), b.step_losses()
-    steps = sorted(set(la) & set(lb))
-    diffs = [abs(la[s] - lb[s]) for s in steps]
-    first_diff = next((s for s, d in zip(steps, diffs) if d != 0.0), None)
+    common_steps = sorted(set(la) & set(lb))
+    diffs = [abs(la[s] - lb[s]) for s in common_steps]
     identical = a.summary.get("weights_sha256") == b.summary.get("weights_sha256")
     max_dw = 0.0 if identical else weight_difference(a, b)
     tensors = None if identical else gaps.tensor_gaps(a, b)
     gap = 0.0 if identical else gaps.headline(tensors)
-    rel_loss = gaps.relative_loss_gaps(a, b)
+    judged = floor is not None and "band" in floor
     out = {
         "a": a.name, "b": b.name, "world_size": a.world_size if a.world_size == b.world_size else None,
-        "steps_compared": len(steps), "loss_diff": dict(zip(steps, diffs)), "rel_loss_diff": rel_loss,
-        "max_loss_diff": max(diffs) if diffs else None, "max_rel_loss_diff": max(rel_loss.values(), default=None),
-        "first_differing_step": first_diff, "max_abs_weight_diff": max_dw, "bitwise_identical": identical,
-        "gap": gap, "gaps": tensors, "val_top1": [a.summary.get("val_top1"), b.summary.get("val_top1")],
-        "noise_floor": None, "floor_ratio": None, "within_noise_floor": None,
+        "steps_compared": len(common_steps), "loss_diff": dict(zip(common_steps, diffs)),
+        "rel_loss_diff": steps["loss"], "rel_weight_diff": steps["weights"],
+        "max_loss_diff": max(diffs) if diffs else None, "max_rel_loss_diff": max(steps["loss"].values(), default=None),
+        "first_differing_step": trajectory.first_differing(steps), "lr_difference": trajectory.lr_difference(sa, sb),
+        "max_abs_weight_diff": max_dw, "bitwise_identical": identical, "gap": gap, "gaps": tensors,
+        "val_top1": [a.summary.get("val_top1"), b.summary.get("val_top1")],
+        "noise_floor": None, "floor_ratio": None, "floor_runs": None, "departure": None, "largest_band_ratio": None,
+        "trains_differently_from": None, "within_noise_floor": None, "outcome": outcome(a, b, floor if judged else None),
     }
-    if not identical and floor is not None and "gap" in floor:
-        out.update(noise_floor=floor["gap"], floor_run=floor["disturbed"],
-                   floor_ratio=gap / floor["gap"] if floor["gap"] > 0 else float("inf"))
-        out["within_noise_floor"] = out["floor_ratio"] <= margin
-    out["verdict"] = _verdict(out, tolerance, gaps.dominant(tensors), floor)
+    if judged and not identical:
+        out.update(noise_floor=floor["gap"], floor_runs=floor["runs"],
+                   floor_ratio=gap / floor["gap"] if floor["gap"] > 0 else float("inf"),
+                   departure=trajectory.departure(steps, floor["band"], margin),
+                   largest_band_ratio=trajectory.largest_ratio(steps, floor["band"]))
+    starts = [d for d in (out["departure"] and out["departure"]["step"],
+                          out["lr_difference"] and out["lr_difference"]["step"] + 1) if d]
+    if not identical and starts:
+        out["trains_differently_from"] = min(starts)
+    if judged and not identical:
+        out["within_noise_floor"] = out["trains_differently_from"] is None
+    out["verdict"] = _verdict(out, tolerance, gaps.dominant(tensors), floor, margin)
     return out
 
 
-def _verdict(p: Dict, tolerance: float, tensor: Optional[str], floor: Optional[Dict]) -> str:
+def _outcome_text(o: Dict) -> str:
+    """'; same outcome: ...' or '; X ends with val top-1 ..., N points lower than rounding explains' (empty
+    without a floor's range)."""
+    if o["range"] is None:
+        return ""
+    top1, rng = o["metrics"]["val_top1"], o["range"].get("val_top1")
+    if not o["outside"]:
+        if top1[0] is None or top1[1] is None or rng is None:
+            return ""
+        return (f"; same outcome: val top-1 {top1[0]:.4f} and {top1[1]:.4f}, rounding gives "
+                f"{rng[0]:.4f}–{rng[1]:.4f}")
+    parts = [f"{out['run']} ends with val top-1 {out['value']:.4f}, {abs(out['by']) * 100:.1f} points "
+             f"{'lower' if out['by'] < 0 else 'higher'} than rounding explains ({out['range'][0]:.4f}–"
+             f"{out['range'][1]:.4f})" for out in o["outside"]]
+    return "; " + "; ".join(parts)
+
+
+def _verdict(p: Dict, tolerance: float, tensor: Optional[str], floor: Optional[Dict], margin: float) -> str:
     if p["bitwise_identical"]:
         return "bitwise identical"
+    where = f", most in {tensor}" if tensor else ""
+    lr = p["lr_difference"]
+    lr_text = f"the learning rate differs from step {lr['step']} ({lr['a']:.4g} vs {lr['b']:.4g})" if lr else ""
+    if p["within_noise_floor"] is False:
+        d = p["departure"]
+        why = [f"{trajectory.WORDS[d['quantity']]} {d['gap']:.1e} apart at step {d['step']}, {d['ratio']:.3g}x what "
+               f"rounding gives by then ({d['band']:.1e})"] if d else []
+        why += [lr_text] if lr else []
+        return (f"beyond the noise floor: trains differently from step {p['trains_differently_from']} "
+                f"({'; '.join(why)}){_outcome_text(p['outcome'])}")
     if p["max_abs_weight_diff"] <= tolerance:
         return f"equal within {p['max_abs_weight_diff']:.1e}"
-    where = f", most in {tensor}" if tensor else ""
     if p["within_noise_floor"] is True:
-        return (f"within the noise floor: parameters differ by {p['gap']:.2g} (‖Δ‖/‖w‖{where}), a disturbance of "
-                f"one ulp gives {p['noise_floor']:.2g}")
-    if p["within_noise_floor"] is False:
-        return (f"beyond the noise floor: parameters differ by {p['gap']:.2g} (‖Δ‖/‖w‖{where}), rounding alone "
-                f"gives {p['noise_floor']:.2g} ({p['floor_ratio']:.3g}x)")
+        largest = p["largest_band_ratio"]
+        most = (f", at most {largest['ratio']:.2g}x the floor's band ({trajectory.WORDS[largest['quantity']]}, step "
+                f"{largest['step']})") if largest else ""
+        return (f"within the noise floor: rounding apart from step {p['first_differing_step']}{most} over "
+                f"{p['floor_runs']} disturbed run{'s' if p['floor_runs'] != 1 else ''}; parameters end {p['gap']:.2g} "
+                f"apart (‖Δ‖/‖w‖{where}), rounding alone up to {p['noise_floor']:.2g}{_outcome_text(p['outcome'])}")
     step = p["first_differing_step"]
     why = (floor or {}).get("unknown") or f"no disturbed run at world size {p['world_size']}"
     return (f"differs: parameters by {p['gap']:.2g} (‖Δ‖/‖w‖{where}), final max |Δw| {p['max_abs_weight_diff']:.3g}"
-            f"{f', first differing step {step}' if step is not None else ''}; noise floor unknown ({why})")
+            f"{f', first differing step {step}' if step is not None else ''}{'; ' + lr_text if lr else ''}; noise "
+            f"floor unknown ({why})")
 
 
 def parity_table(runs: List[Run], tolerance: float = DEFAULT_TOLERANCE, floors: Optional[Dict[int, Dict]] = None,
                  margin: float = FLOOR_MARGIN) -> List[Dict]:
-    """Parity of every pair of backends at each world size (first repeat of each; the explaining variants,
-    labelled backend+variant, are left to common.compare.explain), and of repeats of one backend against
-    its first run (reproducibility), each judged against the noise floor of its world size (`floors`:
-    world size -> common.compare.floor's measure, or {"unknown": why})."""
+    """Parity of every pair of first runs at each world size: of two backends (kind "backends"), or of one
+    backend with different settings (kind "settings"); the explaining variants, labelled backend+variant, are
+    left to common.compare.explain. Then repeats of a run against its first (kind "repeat", reproducibility).
+    Each is judged against the noise floor of its world size (`floors`: world size -> common.compare.floor's
+    measure, or {"unknown": why})."""
     floors = floors or {}
     out = []
     firsts = [r for r in runs if r.repeat == 0]
     for a, b in combinations([r for r in firsts if "+" not in r.label], 2):
         if a.world_size == b.world_size:
-            out.append({"kind": "backends", **parity(a, b, tolerance, floors.get(a.world_size), margin)})
+            kind = "backends" if a.label != b.label else "settings"
+            out.append({"kind": kind, **parity(a, b, tolerance, floors.get(a.world_size), margin)})
     for run in runs:
         if run.repeat > 0:
             base = next(r for r in firsts if r.key == run.key)

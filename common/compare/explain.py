@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from .analysis import parity
+from .analysis import SAME_WITHIN, parity, relation
 from .rundirs import Run
 
 
@@ -57,9 +57,9 @@ def explain_pair(pair: Dict, runs: List[Run]) -> Optional[Dict]:
             sentences.append(_spread_text(run.label, gap))
     spreads = [facts[k] for k in facts if k.endswith(" repeat")]
     if spreads:
-        larger = pair["max_abs_weight_diff"] > max(spreads)
         sentences.append(f"the gap between the backends ({pair['max_abs_weight_diff']:.1e}) is "
-                         f"{'larger' if larger else 'not larger'} than their run-to-run spread")
+                         f"{relation(pair['max_abs_weight_diff'], max(spreads))} their run-to-run spread "
+                         f"({max(spreads):.1e}; gaps are called larger or smaller only beyond {SAME_WITHIN:g}x)")
     ddp = next((r for r in (a, b) if r.label == "ddp"), None)
     predivide = _variant(runs, "predivide", world, 0)
     if ddp is not None and predivide is not None and "horovod" in (a.label + b.label):

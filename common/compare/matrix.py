@@ -24,10 +24,24 @@ EPOCH_LINE = re.compile(r"^epoch (\d+) step (\d+)/(\d+)")
 #: twice (whether Horovod is then reproducible); each names the training options it adds
 EXPLAIN = {"predivide": ("--predivide",), "deterministic": ("--deterministic",)}
 EXPLAIN_REPEATS = {"predivide": 1, "deterministic": 2}
-#: the noise floor's run: the first backend again with its initial weights moved by one ulp
-#: (common.compare.floor), at each world size where backends can differ; skipped when they did not
+#: the noise floor's runs: the first backend again with its initial weights moved by one ulp, each with its own
+#: pattern of directions (common.compare.floor), at each world size where backends can differ; skipped when they
+#: did not
 FLOOR = DISTURBED
-VARIANT_ARGS = {**EXPLAIN, FLOOR: ("--perturb-ulp", "1")}
+
+
+def floor_variant(pattern: int) -> str:
+    """The variant name of the floor's run with --perturb-pattern `pattern`: perturbed2."""
+    return f"{FLOOR}{pattern}"
+
+
+def variant_args(variant: Optional[str]) -> List[str]:
+    """The training options a variant adds."""
+    if variant is None:
+        return []
+    if variant.startswith(FLOOR):
+        return ["--perturb-ulp", "1", "--perturb-pattern", variant[len(FLOOR):]]
+    return list(EXPLAIN[variant])
 
 
 @dataclass
@@ -48,7 +62,7 @@ class PlannedRun:
 
     @property
     def extra_args(self) -> List[str]:
-        return list(VARIANT_ARGS.get(self.variant, ()))
+        return variant_args(self.variant)
 
     @property
     def name(self) -> str:
@@ -61,14 +75,14 @@ class PlannedRun:
 
 def plan(backends: Sequence[str], world_sizes: Sequence[int], controllers: Optional[Sequence[str]],
          repeats: int, explain: Sequence[str] = ("predivide",), site: ThisHost = ThisHost(),
-         floor: bool = True) -> List[PlannedRun]:
+         floor: int = 3) -> List[PlannedRun]:
     """The runs to make. Repeats are interleaved (all cells once, then again) so that drift in
     the machine's speed spreads over every cell. With controllers=None Horovod runs the Gloo
     controller at every size and the MPI controller at the largest (under Slurm: MPI at every size).
     With both backends and a world size of 3 or more, the `explain` variants of Horovod (Gloo; under
-    Slurm MPI; see EXPLAIN) run at the largest size. With `floor`, every world size of 3 or more where
-    two cells meet gets one noise-floor run of its first cell (FLOOR; at 1 and 2 ranks correct backends are
-    bitwise identical). ValueError when the site cannot run a cell."""
+    Slurm MPI; see EXPLAIN) run at the largest size. Every world size of 3 or more where two cells meet gets
+    `floor` noise-floor runs of its first cell, each with its own disturbance (FLOOR; at 1 and 2 ranks correct
+    backends are bitwise identical). ValueError when the site cannot run a cell."""
     largest = max(world_sizes)
     if controllers is None and site.slurm:
         controllers = ["mpi"]
@@ -88,11 +102,10 @@ def plan(backends: Sequence[str], world_sizes: Sequence[int], controllers: Optio
         horovod = site.launcher("horovod", "mpi" if site.slurm else "gloo")
         runs += [PlannedRun(horovod, largest, r, variant) for variant in explain
                  for r in range(EXPLAIN_REPEATS[variant])]
-    if floor:
-        for np in world_sizes:
-            here = [launcher for launcher, size in cells if size == np]
-            if np >= 3 and len(here) >= 2:
-                runs.append(PlannedRun(here[0], np, 0, FLOOR, if_cells_differ=True))
+    for np in world_sizes:
+        here = [launcher for launcher, size in cells if size == np]
+        if np >= 3 and len(here) >= 2:
+            runs += [PlannedRun(here[0], np, 0, floor_variant(k), if_cells_differ=True) for k in range(1, floor + 1)]
     site.check(sorted({run.launcher for run in runs}, key=lambda l: l.name), world_sizes)
     return runs
 
@@ -215,17 +228,19 @@ def failure_record(outcome: Outcome) -> Dict:
             "command": outcome.command, "log": str(outcome.run_dir / "launch.log")}
 
 
-def rerun_disturbed(run: Run, out: Path, timeout_s: float, echo: Callable[[str], None]) -> Tuple[Optional[Path], str]:
-    """Run `run`'s recorded settings again on this host, through its backend's launcher and with the noise
-    floor's disturbance: (the new run directory, "") or (None, why it could not be made)."""
+def rerun_disturbed(run: Run, count: int, out: Path, timeout_s: float,
+                    echo: Callable[[str], None]) -> Tuple[List[Path], str]:
+    """Run `run`'s recorded settings again on this host, through its backend's launcher, with each of the noise
+    floor's first `count` disturbances: (the new run directories, "") or ([], why they could not be made)."""
     backend = run.config.get("backend") or {}
     try:
         launcher = ThisHost().launcher(backend.get("name", ""), backend.get("controller"))
     except (KeyError, ValueError) as exc:
-        return None, f"{run.name} has no launcher here ({exc})"
-    runner = MatrixRunner(config_argv(run.settings, leave_out=("run_dir", "resume", "perturb_ulp")), out,
-                          timeout_s=timeout_s, echo=echo)
-    outcomes = runner.run_all([PlannedRun(launcher, run.world_size, 0, FLOOR)])
-    if outcomes[0].returncode != 0:
-        return None, f"rerunning {run.name} with --perturb-ulp 1 here failed: {outcomes[0].error}"
-    return outcomes[0].run_dir, ""
+        return [], f"{run.name} has no launcher here ({exc})"
+    runner = MatrixRunner(config_argv(run.settings, leave_out=("run_dir", "resume", "perturb_ulp", "perturb_pattern")),
+                          out, timeout_s=timeout_s, echo=echo)
+    outcomes = runner.run_all([PlannedRun(launcher, run.world_size, 0, floor_variant(k)) for k in range(1, count + 1)])
+    failed = [o for o in outcomes if o.returncode != 0]
+    if failed:
+        return [], f"rerunning {run.name} with --perturb-ulp 1 here failed: {failed[0].error}"
+    return [o.run_dir for o in outcomes], ""

@@ -38,19 +38,24 @@ def _empty(ax, text: str) -> None:
 
 
 def _floor_spread(runs: List[Run], floor: Dict) -> Dict[int, Dict[str, float]]:
-    """Per epoch, how far the noise floor's disturbed run is from its base: |Δ train loss|, |Δ top-1|."""
+    """Per epoch, how far the noise floor's disturbed runs are from their base at most: |Δ train loss|, |Δ top-1|."""
     by_name = {r.name: r for r in runs}
-    base, disturbed = by_name.get(floor["base"]), by_name.get(floor["disturbed"])
-    if base is None or disturbed is None:
+    base = by_name.get(floor["base"])
+    disturbed = [by_name[name] for name in floor["disturbed"] if name in by_name]
+    if base is None or not disturbed:
         return {}
-    theirs = {e["epoch"]: e for e in disturbed.epochs()}
-    spread = {}
-    for e in base.epochs():
-        other = theirs.get(e["epoch"])
-        if other is not None:
-            top1 = (e.get("val_top1"), other.get("val_top1"))
-            spread[e["epoch"]] = {"loss": abs(e["train_loss"] - other["train_loss"]),
-                                  "top1": abs(top1[0] - top1[1]) if None not in top1 else 0.0}
+    spread: Dict[int, Dict[str, float]] = {}
+    for other in disturbed:
+        theirs = {e["epoch"]: e for e in other.epochs()}
+        for e in base.epochs():
+            mine = theirs.get(e["epoch"])
+            if mine is None:
+                continue
+            top1 = (e.get("val_top1"), mine.get("val_top1"))
+            here = spread.setdefault(e["epoch"], {"loss": 0.0, "top1": 0.0})
+            here["loss"] = max(here["loss"], abs(e["train_loss"] - mine["train_loss"]))
+            if None not in top1:
+                here["top1"] = max(here["top1"], abs(top1[0] - top1[1]))
     return spread
 
 
@@ -170,21 +175,39 @@ def time_split(rows: List[Dict], out: Path) -> str:
     return save(fig, out / PLOTS["time_split"])
 
 
-def parity(pairs: List[Dict], floors: Dict[int, Dict], out: Path) -> str:
-    """Left: per-step |Δloss| / loss of every backend pair and of the noise floor (dashed) on one axis.
-    Right: the final parameters' largest ‖Δ‖/‖w‖ per pair, with its world size's noise floor marked."""
-    pairs = [p for p in pairs if p["kind"] == "backends"]
-    fig, (ax_loss, ax_w) = plt.subplots(1, 2, figsize=(11, 4))
+def parity(pairs: List[Dict], floors: Dict[int, Dict], out: Path, margin: Optional[float] = None) -> str:
+    """Per-step gaps of every pair that is not a repeat, the loss (left) and the weights' fingerprint (middle),
+    each with its world size's noise-floor band shaded, `margin` times the band dashed, and the step where a pair
+    trains differently marked; right: the final parameters' largest ‖Δ‖/‖w‖ per pair, the floor's marked."""
+    pairs = [p for p in pairs if p["kind"] != "repeat"]
+    fig, (ax_loss, ax_fp, ax_w) = plt.subplots(1, 3, figsize=(16, 4.5))
     tiny = 1e-12
-    for p in pairs:
-        steps = sorted(p["rel_loss_diff"], key=int)
-        ax_loss.plot([int(s) for s in steps], [max(p["rel_loss_diff"][s], tiny) for s in steps],
-                     label=f"{p['a']} vs {p['b']}")
-    for world, f in sorted(floors.items()):
-        steps = sorted(f["rel_loss_diff"], key=int)
-        ax_loss.plot([int(s) for s in steps], [max(f["rel_loss_diff"][s], tiny) for s in steps], ls="--",
-                     color="gray", label=f"noise floor @{world} (1 ulp)")
-    ax_loss.set(xlabel="step", ylabel="|Δ loss| / loss (rank 0)", title="Per-step loss gap", yscale="log")
+    bottom = 1e-9  # two orders of magnitude below a float32 number's last bit
+    for ax, quantity, key in ((ax_loss, "loss", "rel_loss_diff"), (ax_fp, "weights", "rel_weight_diff")):
+        for world, f in sorted(floors.items()):
+            band = f["band"][quantity]
+            steps = sorted(band, key=int)
+            if steps:
+                xs = [int(s) for s in steps]
+                ax.fill_between(xs, [bottom] * len(steps), [band[s] for s in steps], color="gray", alpha=0.25, lw=0,
+                                step="post", label=f"noise floor @{world} ({f['runs']} disturbed runs)")
+                if margin:
+                    ax.step(xs, [margin * band[s] for s in steps], where="post", color="gray", ls="--", lw=0.8,
+                            label=f"{margin:g}x the floor: beyond it, trains differently")
+        for p in pairs:
+            series = p[key]
+            steps = sorted(series, key=int)
+            if not steps:
+                continue
+            # a zero gap (the same bits) has no place on a log axis: the line breaks there
+            line, = ax.plot([int(s) for s in steps], [series[s] if series[s] > 0 else float("nan") for s in steps],
+                            lw=1, marker=".", ms=2, label=f"{p['a']} vs {p['b']}")
+            start = p.get("trains_differently_from")
+            if start is not None:
+                ax.axvline(int(start), color=line.get_color(), ls=":", lw=1)
+        title = "rank 0's loss" if quantity == "loss" else "the weights' fingerprint (per-tensor norms)"
+        ax.set(xlabel="step", ylabel="relative gap", title=f"Per-step gap of {title}", yscale="log")
+        ax.set_ylim(bottom=bottom)
     names = [f"{p['a']}\nvs {p['b']}" for p in pairs]
     values = [max(p["gap"], tiny) if p["gap"] != float("inf") else 1.0 for p in pairs]
     colors = ["#66c2a5" if p["bitwise_identical"] or p["within_noise_floor"] else
@@ -202,12 +225,12 @@ def parity(pairs: List[Dict], floors: Dict[int, Dict], out: Path) -> str:
     if marks:
         ax_w.set_ylim(min(marks) / 10, max(marks) * 10)
     ax_w.set(ylabel="parameters' largest ‖Δ‖/‖w‖", title="Final weight gap (green: identical or within the floor)")
-    ax_w.tick_params(axis="x", labelsize=6)
+    ax_w.tick_params(axis="x", labelsize=6, rotation=30)
     if not pairs:
-        _empty(ax_loss, "needs two backends at one world size")
-        _empty(ax_w, "needs two backends at one world size")
-    for ax in (ax_loss, ax_w):
+        for ax in (ax_loss, ax_fp, ax_w):
+            _empty(ax, "needs two runs at one world size")
+    for ax in (ax_loss, ax_fp, ax_w):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=6)
     return save(fig, out / PLOTS["parity"])

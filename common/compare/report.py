@@ -34,7 +34,7 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
         "throughput": plots.throughput(throughput, out),
         "scaling": plots.scaling(scaling, out),
         "time_split": plots.time_split(split, out),
-        "parity": plots.parity(pairs, floors, out),
+        "parity": plots.parity(pairs, floors, out, margin),
     }
     summary = {
         "runs": [{"name": r.name, "path": str(r.path), "backend": r.label, "world_size": r.world_size,
@@ -95,7 +95,7 @@ def _markdown(s: Dict, runs: List[Run], bench_section: List[str]) -> str:
     verdicts_start = len(md)
     why = {(e["a"], e["b"]): e["text"] for e in s["explanations"]}
     for p in s["parity"]:
-        if p["kind"] == "backends":
+        if p["kind"] != "repeat":
             md.append(f"- **Weights, world size {p['world_size']}**, {p['a']} vs {p['b']}: **{p['verdict']}**.")
             if (p["a"], p["b"]) in why:
                 md.append(f"  Why, measured: {why[p['a'], p['b']]}")
@@ -192,28 +192,45 @@ def _group_cell(group: Optional[Dict]) -> str:
 def _parity_section(s: Dict) -> List[str]:
     """Do they learn the same: the verdicts' meaning, the per-pair gaps, the noise floor, the plot."""
     md = ["## Do they learn the same?", "",
-          "Rank 0's loss is compared at every logged step and the final weights tensor by tensor: ‖Δ‖/‖w‖ is a "
-          "tensor's gap relative to its size, parameters and buffers (such as BatchNorm's running statistics) "
-          "apart. Weights are called equal when the largest element-wise difference is ≤ "
-          f"{s['tolerance']:.0e}. Beyond that, the parameters' largest ‖Δ‖/‖w‖ is judged against the noise floor: "
-          "how far the same backend drifts from itself when its initial weights are moved by one unit in the last "
-          f"place. A gap up to {s['floor_margin']:g}x the floor is **within the noise floor** (the backends round "
-          "differently and train the same); a larger one is **beyond** it (they train differently).", "", _table(
-              ["pair", "kind", "first differing step", "max Δloss / loss", "parameters ‖Δ‖/‖w‖", "buffers ‖Δ‖/‖w‖",
-               "final max Δw", "noise floor", "gap / floor", "verdict"],
+          "Two quantities are compared at every logged step, both describing the weights the step's forward pass "
+          "sees: rank 0's loss and a fingerprint of the weights (every parameter tensor's norm); a pair's gap at a "
+          "step is their relative difference. The noise floor is how far rounding alone carries a run: the first "
+          "backend again with its initial weights moved by one unit in the last place, in several patterns, each "
+          "compared with its undisturbed run; its band at a step is the largest gap any of them has reached by then. "
+          f"A pair whose gap stays within {s['floor_margin']:g}x the band at every step, with the same learning "
+          "rate at every step, is **within the noise floor** (it rounds differently and trains the same, however far "
+          "apart it ends: training branches, and the floor's runs show how far). A pair that leaves the band, or "
+          "whose learning rate differs, is **beyond** it from that step: it trains differently. Weights are *equal "
+          f"within X* when they do not leave the band and differ by at most {s['tolerance']:.0e} element-wise. The "
+          "final loss and accuracy are shown against the range of the floor's runs.", "", _table(
+              ["pair", "kind", "first differing step", "trains differently from", "largest gap / band",
+               "max Δloss / loss", "parameters ‖Δ‖/‖w‖", "buffers ‖Δ‖/‖w‖", "final max Δw", "val top-1",
+               "verdict"],
               [[f"{p['a']} vs {p['b']}", p["kind"], p["first_differing_step"] or "none",
+                p["trains_differently_from"] or "–", _ratio_cell(p.get("largest_band_ratio")),
                 _fmt(p["max_rel_loss_diff"], ".2g"), _group_cell((p["gaps"] or {}).get("parameters")),
                 _group_cell((p["gaps"] or {}).get("buffers")), _fmt(p["max_abs_weight_diff"], ".3g"),
-                _fmt(p["noise_floor"], ".2g"), _fmt(p["floor_ratio"], ".3g"), p["verdict"]]
+                " / ".join(_fmt(v) for v in p["val_top1"]), p["verdict"]]
                for p in s["parity"]]), ""]
     if s["noise_floors"]:
         md += ["### Noise floor", ""]
-        for world, f in sorted(s["noise_floors"].items()):
-            buffers = (f["gaps"] or {}).get("buffers")
-            md.append(f"- World size {world}: {f['base']} vs {f['disturbed']} (initial weights moved by {f['ulp']} "
-                      f"ulp): parameters drift by {_fmt(f['gap'], '.2g')} ‖Δ‖/‖w‖"
+        for world, f in sorted(s["noise_floors"].items(), key=lambda item: int(item[0])):
+            top1 = (f.get("outcome") or {}).get("val_top1")
+            md.append(f"- World size {world}: {f['base']} against {f['runs']} disturbed run"
+                      f"{'s' if f['runs'] != 1 else ''} ({', '.join(f['disturbed'])}; initial weights moved by one ulp, "
+                      f"each in its own pattern): the parameters end up to {_fmt(f['gap'], '.2g')} ‖Δ‖/‖w‖ apart"
                       + (f" (most in {f['tensor']})" if f["tensor"] else "")
-                      + (f", buffers by {_fmt(buffers['max_rel'], '.2g')}" if buffers else "")
-                      + f", the loss by at most {_fmt(f['max_rel_loss_diff'], '.2g')} of itself.")
+                      + f", the loss by at most {_fmt(f['max_rel_loss_diff'], '.2g')} of itself"
+                      + (f"; val top-1 {top1[0]:.4f}–{top1[1]:.4f} over the floor's runs" if top1 else "") + ".")
+            for p in f["pairs"]:
+                md.append(f"  - {p['disturbed']}: final ‖Δ‖/‖w‖ {_fmt(p['gap'], '.2g')}, largest loss gap "
+                          f"{_fmt(p['max_rel_loss_diff'], '.2g')}, largest fingerprint gap "
+                          f"{_fmt(max(p['steps']['weights'].values(), default=None), '.2g')}")
         md.append("")
     return md + [f"![parity]({s['plots']['parity']})", ""]
+
+
+def _ratio_cell(largest: Optional[Dict]) -> str:
+    if not largest:
+        return ""
+    return f"{_fmt(largest['ratio'], '.3g')} ({largest['quantity']}, step {largest['step']})"

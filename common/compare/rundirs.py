@@ -13,10 +13,12 @@ from ..rundir import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SUMMARY_FILE
 
 #: settings that must be equal for runs to be compared at all
 MUST_MATCH = ("model", "dataset", "seed", "batch_size")
-#: the label variant of a run whose initial weights were disturbed (--perturb-ulp): ddp+perturbed
+#: the label variant of a run whose initial weights were disturbed (--perturb-ulp), with its pattern: ddp+perturbed2
 DISTURBED = "perturbed"
 #: settings that never change what is learned, so they are not reported as differences
 IGNORED = ("run_dir", "log_every", "eval_every", "workers", "device")
+#: settings a run's label carries (ddp+perturbed2, horovod-gloo+predivide): they do not set runs of one label apart
+LABELLED = ("perturb_ulp", "perturb_pattern", "predivide", "deterministic")
 
 
 def run_name(label: str, world_size: int, repeat: int) -> str:
@@ -34,6 +36,9 @@ class Run:
     events: List[Dict]
     repeat: int = 0
     launch: Dict = field(default_factory=dict)
+    #: the settings that set this run apart from others of its backend and world size, "[lr=0.0012]" (set by
+    #: number_repeats; empty when there are none)
+    tag: str = ""
     _weights: Optional[Dict[str, torch.Tensor]] = field(default=None, repr=False)
 
     @property
@@ -48,7 +53,7 @@ class Run:
     def label(self) -> str:
         """Backend and, for Horovod, its controller, then the variants that change how it sums:
         ddp, horovod-gloo, horovod-mpi, horovod-gloo+predivide, horovod-gloo+deterministic; a run whose
-        initial weights were disturbed (--perturb-ulp) ends in +perturbed: ddp+perturbed."""
+        initial weights were disturbed (--perturb-ulp) ends in +perturbed and its --perturb-pattern: ddp+perturbed1."""
         backend = self.config["backend"]
         label = backend.get("name", "unknown")
         if label == "horovod" and backend.get("controller"):
@@ -58,21 +63,33 @@ class Run:
         if backend.get("deterministic"):
             label += "+deterministic"
         if self.settings.get("perturb_ulp"):
-            label += "+" + DISTURBED
+            label += f"+{DISTURBED}{self.settings.get('perturb_pattern', 1)}"
         return label
 
     @property
     def key(self) -> str:
-        """label@world size, e.g. ddp@2."""
-        return f"{self.label}@{self.world_size}"
+        """label, settings tag and world size, e.g. ddp@2 or ddp[lr=0.0012]@2: runs of one key are repeats."""
+        return f"{self.label}{self.tag}@{self.world_size}"
 
     @property
     def name(self) -> str:
-        return run_name(self.label, self.world_size, self.repeat)
+        return run_name(self.label + self.tag, self.world_size, self.repeat)
 
     def step_losses(self) -> Dict[int, float]:
         """Rank 0's loss at each logged step."""
         return {e["step"]: e["loss"] for e in self.events if e["event"] == "step"}
+
+    def step_states(self) -> Dict[int, Dict]:
+        """Per logged step, what describes the weights its forward pass saw: rank 0's loss, the step's learning
+        rate, and the weights' fingerprint (`wnorm`, logged after the step before, or at the start) when the
+        run recorded one."""
+        logged = {e["step"]: e for e in self.events if e["event"] == "step"}
+        starts = {e["step"]: e for e in self.events if e["event"] == "start"}
+        out = {}
+        for step, event in logged.items():
+            before = logged.get(step - 1) or starts.get(step - 1) or {}
+            out[step] = {"loss": event.get("loss"), "lr": event.get("lr"), "wnorm": before.get("wnorm")}
+        return out
 
     def epochs(self) -> List[Dict]:
         """One event per epoch, in order; for an epoch cut short and resumed, its completed record."""
@@ -115,8 +132,26 @@ def read_run(path: Path) -> Run:
     return Run(path, config, summary, events, launch=launch)
 
 
+def learned_settings(run: Run) -> Dict:
+    """The settings that can change what a run learns, less those its label already carries."""
+    return {k: v for k, v in run.settings.items() if k not in IGNORED and k not in LABELLED}
+
+
 def number_repeats(runs: List[Run]) -> None:
-    """Runs with the same backend and world size are repeats: number them 0, 1, ..."""
+    """Runs with the same backend, world size and settings are repeats: number them 0, 1, ... Runs of one backend
+    and world size whose settings differ are never repeats: each is tagged with the settings that set it apart
+    ("[lr=0.0012]")."""
+    groups: Dict[str, List[Run]] = {}
+    for run in runs:
+        run.tag = ""
+        groups.setdefault(run.key, []).append(run)
+    for group in groups.values():
+        settings = [learned_settings(run) for run in group]
+        keys = sorted({k for s in settings for k in s})
+        differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1]
+        if differing:
+            for run, s in zip(group, settings):
+                run.tag = "[" + ",".join(f"{k}={s.get(k)}" for k in differing) + "]"
     seen: Dict[str, int] = {}
     for run in runs:
         run.repeat = seen.get(run.key, 0)
