@@ -64,8 +64,7 @@ if [[ "${QUICK:-0}" == 1 ]]; then
       --sweep HVD_TRAIN_WAIT=spin,auto --out "$OUT/horovod-wait" --work "$WORK/horovod-wait"
   step -m benchmarks.exact_cost --np 1,2 --models convnet --global-batch 8 --micro-batch 4 --steps 2 --repeats 1 \
       --no-distance --out "$OUT" --work "$WORK/exact"
-  step -m benchmarks.noise_floor --np 3 --out "$OUT" --work "$WORK/noise_floor" -- --model mlp --max-steps 6 \
-      --threads 1
+  step -m benchmarks.verdicts --quick --max-floor 2 --out "$OUT" --work "$WORK/verdicts"
   finish  # stop_latency times its launches: alone (one launcher: tests/test_faults.py stops all four)
   step -m benchmarks.stop_latency --launchers torchrun --model convnet --image-size 16 --batch-size 4 \
       --steps-before 1 --timeout 60 --out "$OUT" --work "$WORK/stop"
@@ -122,8 +121,8 @@ else
       --out "$OUT/horovod-wait" -- --threads 1
   # --reduction exact against allreduce: speed, bytes, fixed-point error, distance after the default run.
   "$PY" -m benchmarks.exact_cost --np 1,2,3 --out "$OUT"
-  # DDP against Horovod where Adam amplifies rounding, judged against the noise floor.
-  "$PY" -m benchmarks.noise_floor --out "$OUT"
+  # The verdicts on a corpus of same-training and real-difference pairs, against floors of 1 to 5 disturbed runs.
+  "$PY" -m benchmarks.verdicts --out "$OUT"
   # Ctrl-C to exit, per launcher, with steps of seconds.
   "$PY" -m benchmarks.stop_latency --out "$OUT"
 fi
