@@ -35,7 +35,7 @@ def across_hosts(cluster, tmp_path_factory):
     out = tmp_path_factory.mktemp("across-hosts")
     result = cluster.run("node0", [PY, "-m", "common.compare", "--hosts", "node0:2,node1:2", "--np", "4",
                                    "--repeats", "1", "--hvd-controllers", "gloo,mpi", "--explain", "none",
-                                   *ACROSS_HOSTS, "--out", str(out)], timeout=400)
+                                   "--floor-runs", "1", *ACROSS_HOSTS, "--out", str(out)], timeout=400)
     assert result.returncode == 0, result.output[-4000:]
     return result, out, json.loads((out / "summary.json").read_text())
 
@@ -46,7 +46,7 @@ CLUSTER_MODULES = {"test_compare_hosts.py", "test_doctor.py", "test_launch_error
 # The other modules that take minutes on 2 cores, longest first, so that the two workers end together; the
 # rest follow in their own order.
 LONGEST_FIRST = ["test_faults.py", "test_compare.py", "test_benchmarks.py", "test_knobs.py", "test_exact.py",
-                 "test_plugins.py", "test_noise_floor.py", "test_checkpoint.py", "test_compare_sites.py",
+                 "test_plugins.py", "test_verdicts.py", "test_checkpoint.py", "test_compare_sites.py",
                  "test_parity.py", "test_elastic.py"]
 
 

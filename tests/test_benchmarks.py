@@ -25,7 +25,7 @@ RUN_ALL = REPO / "benchmarks" / "run_all.sh"
 #: benchmark module -> the file it writes into its --out folder
 WRITES = {"allreduce": "allreduce.json", "throughput": "throughput.json", "loop_overhead": "loop_overhead.json",
           "horovod_cycle": "horovod_cycle.json", "ddp_comm_hook": "ddp_comm_hook.json",
-          "stop_latency": "stop_latency.json", "exact_cost": "exact_cost.json", "noise_floor": "noise_floor.json"}
+          "stop_latency": "stop_latency.json", "exact_cost": "exact_cost.json", "verdicts": "verdicts.json"}
 #: set in the QUICK run's environment: an `auto` sweep value must take it away from the job
 EXPORTED_CYCLE_TIME = "3"
 
@@ -405,13 +405,20 @@ def test_exact_cost_compares_both_modes_at_each_world_size(quick):
 
 
 
-def test_noise_floor_keeps_the_pair_and_its_floor(quick):
+def test_verdicts_judge_every_pair_of_the_corpus_at_every_floor_size(quick):
     out, _ = quick
-    data = read(out, "noise_floor.json")
-    pair, floor = data["pair"], data["floor"]
-    assert (pair["a"], pair["b"]) == ("ddp@3#1", "horovod-gloo@3#1") and data["settings"]["np"] == 3
-    # At 3 ranks the backends differ in the last bits, so the floor's run was made and measured.
-    assert positive(pair["gap"]) and pair["verdict"]
-    assert floor["disturbed"] == "ddp+perturbed@3#1" and floor["ulp"] == 1 and positive(floor["gap"])
-    assert pair["floor_ratio"] == pytest.approx(pair["gap"] / floor["gap"])
-    assert "parameters" in pair["tensors"] and "parameters" in floor["tensors"]
+    data = read(out, "verdicts.json")
+    st = data["settings"]
+    assert st["quick"] is True and st["max_floor"] == 2 and st["default_margin"] in st["margins"]
+    assert {c["name"]: c["kind"] for c in data["cases"]} == {"ddp-gloo": "same", "lr+5%": "real"}
+    real = next(c for c in data["cases"] if c["kind"] == "real")
+    # The twin (the change on DDP alone) puts the learning rate's first effect at step 2.
+    assert real["expected_step"] == 2
+    for case in data["cases"]:
+        assert set(case["judged"]) == {f"{k}@{m:g}" for k in (1, 2) for m in st["margins"]}
+    # The grid counts exactly the wrong verdicts of the cases.
+    for g in data["grid"]:
+        key = f"{g['floor_runs']}@{g['margin']:g}"
+        wrong = sorted(c["name"] for c in data["cases"] if not c["judged"][key]["correct"])
+        assert sorted(g["false_alarms"] + g["misses"]) == wrong
+    assert real["judged"]["2@10"]["trains_differently_from"] == 2 and real["judged"]["2@10"]["correct"]

@@ -33,16 +33,17 @@ def assert_real_image(path):
 @pytest.fixture(scope="module")
 def default_matrix(tmp_path_factory):
     out = tmp_path_factory.mktemp("cmp")
-    result = compare("--out", out, "--repeats", "1", *SHORT)
+    result = compare("--out", out, "--repeats", "1", "--floor-runs", "2", *SHORT)
     assert result.returncode == 0, result.output[-3000:]
     return out, result.output
 
 
 def test_default_matrix_runs_world_sizes_1_to_3_and_explains(default_matrix):
     out, output = default_matrix
-    # The noise floor costs one run, at 3 ranks only: at 1 and 2 the backends are bitwise identical.
+    # The noise floor costs its disturbed runs at 3 ranks only: at 1 and 2 the backends are bitwise identical.
+    floor = ["ddp+perturbed1@3#1", "ddp+perturbed2@3#1"]  # --floor-runs 2
     expected = ["ddp@1#1", "horovod-gloo@1#1", "ddp@2#1", "horovod-gloo@2#1", "ddp@3#1", "horovod-gloo@3#1",
-                "horovod-mpi@3#1", "horovod-gloo+predivide@3#1", "ddp+perturbed@3#1"]
+                "horovod-mpi@3#1", "horovod-gloo+predivide@3#1", *floor]
     # One line per run started and finished, epoch progress with an ETA.
     assert output.count("starting ") == len(expected) and output.count("finished ") == len(expected)
     assert "ETA" in output and "epoch 1 step" in output
@@ -151,14 +152,15 @@ def test_runs_differing_only_in_seed_are_beyond_the_noise_floor_from_the_first_s
     result = compare("--runs", seed1, seed2, "--out", tmp_path, "--force")
     assert result.returncode == 0, result.output
     (pair, *_) = json.loads((tmp_path / "summary.json").read_text())["parity"]
-    assert pair["first_differing_step"] == 1
-    assert pair["verdict"].startswith("beyond the noise floor:"), pair["verdict"]
+    assert (pair["a"], pair["b"], pair["kind"]) == ("ddp[seed=42]@1#1", "ddp[seed=2]@1#1", "settings")
+    assert pair["first_differing_step"] == 1 and pair["trains_differently_from"] == 1
+    assert pair["verdict"].startswith("beyond the noise floor: trains differently from step 1"), pair["verdict"]
     assert pair["max_abs_weight_diff"] == pytest.approx(max_abs_diff(read_run(seed1)["model"], read_run(seed2)["model"]))
 
 
 def test_divergence_is_found_at_the_step_it_starts(runs, tmp_path):
     # Same seed; the step schedule cuts the lr at 50% of the 20 steps (the 11th update), so rank 0's
-    # loss first differs at step 12, the first forward pass after that update.
+    # loss and the weights first differ at step 12, the first forward pass after that update.
     plain, decay = runs("none-ddp", 1, ALONE), runs("none-hvd", 1, ALONE + ["--lr-schedule", "step"])
     losses_a = [e["loss"] for e in plain.run["events"] if e["event"] == "step"]
     losses_b = [e["loss"] for e in decay.run["events"] if e["event"] == "step"]
@@ -167,6 +169,7 @@ def test_divergence_is_found_at_the_step_it_starts(runs, tmp_path):
     assert result.returncode == 0, result.output
     summary = json.loads((tmp_path / "summary.json").read_text())
     (pair,) = summary["parity"]
-    assert pair["first_differing_step"] == 12 and "first differing step 12; noise floor unknown" in pair["verdict"]
+    assert pair["first_differing_step"] == 12 and "first differing step 12; the learning rate differs from step 11 " \
+        "(0.05 vs 0.005); noise floor unknown" in pair["verdict"]
     assert "lr_schedule" in summary["setting_differences"]
     assert "`lr_schedule`" in (tmp_path / "report.md").read_text()

@@ -36,7 +36,7 @@ def test_compare_runs_every_backend_across_both_hosts(across_hosts):
     runs = {r["name"]: r for r in summary["runs"]}
     differ = any(not p["bitwise_identical"] for p in summary["parity"] if p["kind"] == "backends")
     # The noise floor's run (DDP again, one ulp off, placed like the others) only when the backends differ.
-    floor = ["ddp+perturbed@4#1"] if differ else []
+    floor = ["ddp+perturbed1@4#1"] if differ else []
     assert sorted(runs) == sorted(["ddp@4#1", "horovod-gloo@4#1", "horovod-mpi@4#1"] + floor)
     for run in runs.values():
         config = json.loads((Path(run["path"]) / "config.json").read_text())

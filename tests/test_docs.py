@@ -105,10 +105,10 @@ def test_flags_named_in_training_docs_are_training_options():
                          "fix the docs, or add a flag of another program to OTHER_PROGRAMS")
 
 
-def test_the_noise_floor_example_quotes_the_committed_result():
+def test_the_verdicts_calibration_is_quoted_from_the_committed_result():
     from benchmarks.render import RESULTS
-    from benchmarks.sections import Results, noise_floor_sentence
+    from benchmarks.sections import Results, verdicts_sentence
 
-    sentence = noise_floor_sentence(Results(RESULTS), "noise_floor.json")
-    assert sentence.startswith("The backends' parameters end ")
+    sentence = verdicts_sentence(Results(RESULTS), "verdicts.json")
+    assert sentence.startswith("On ") and "false alarm" in sentence
     assert sentence in (DOCS / "comparing.md").read_text().replace("\n", " ")

@@ -1,0 +1,244 @@
+"""Verdicts judged where a divergence starts, against a noise floor of several disturbed runs: the default
+comparison at 3 ranks is never "beyond" it, on three seeds; a 20% higher learning rate under Adam is beyond it
+from step 2, and runs with different settings are never called repeats; a 10% higher learning rate and fp16
+compression are beyond it; the numbers a verdict gives are what the run directories hold, computed here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+# The first test's setup is three comparisons at 3 ranks, minutes while another worker runs too.
+pytestmark = pytest.mark.timeout(900)
+
+from launch import read_run
+from test_compare import assert_real_image, compare
+
+#: make demo's training at 3 ranks (the defaults) on three seeds; 42 is the default
+DEMO_SEEDS = (42, 7, 123)
+#: a short SGD run at 3 ranks
+MLP = ["--model", "mlp", "--dataset", "digits", "--batch-size", "32", "--epochs", "1", "--max-steps", "20",
+       "--threads", "1"]
+#: Adam where a 20% higher learning rate ends "within" a one-sample floor of final weights
+ADAM = ["--model", "convnet", "--dataset", "digits", "--optimizer", "adam", "--batch-size", "12", "--seed", "31",
+        "--epochs", "1", "--threads", "1"]
+
+
+def losses(run: dict) -> dict:
+    return {e["step"]: e["loss"] for e in run["events"] if e["event"] == "step"}
+
+
+def relative_gaps(a: dict, b: dict) -> dict:
+    la, lb = losses(a), losses(b)
+    return {s: abs(la[s] - lb[s]) / max(abs(la[s]), abs(lb[s])) for s in la}
+
+
+def first_event(run: dict, kind: str) -> dict:
+    return next(e for e in run["events"] if e["event"] == kind)
+
+
+def pair_gaps(a: dict, b: dict) -> dict:
+    """Per step, the relative gap of the loss and the largest of the weights' fingerprint (the norms logged after
+    the step before, or at the start), as a user would compute them from metrics.jsonl."""
+    def fingerprints(run):
+        steps = {e["step"]: e["wnorm"] for e in run["events"] if e["event"] == "step"}
+        return {s + 1: w for s, w in [(0, first_event(run, "start")["wnorm"]), *steps.items()]}
+
+    fa, fb = fingerprints(a), fingerprints(b)
+    weights = {s: max(abs(x - y) / max(abs(x), abs(y)) for x, y in zip(fa[s], fb[s])) for s in fa if s in fb}
+    return {"loss": relative_gaps(a, b), "weights": weights}
+
+
+def first_departure(base: dict, other: dict, disturbed: list, margin: float) -> int:
+    """The first step where a gap of `other` is more than `margin` times the band of the disturbed runs."""
+    pair = pair_gaps(base, other)
+    floors = [pair_gaps(base, d) for d in disturbed]
+    leaves = []
+    for quantity in ("loss", "weights"):
+        level = 2.0 ** -23
+        for step in sorted(pair[quantity]):
+            level = max([level] + [f[quantity][step] for f in floors if step in f[quantity]])
+            if pair[quantity][step] > margin * level:
+                leaves.append(step)
+                break
+    return min(leaves)
+
+
+@pytest.fixture(scope="module")
+def demo_at_3(tmp_path_factory):
+    """The default comparison's 3-rank cell (DDP against Horovod/Gloo, the default training) for three seeds:
+    seed -> (output folder, summary)."""
+    found = {}
+    for seed in DEMO_SEEDS:
+        out = tmp_path_factory.mktemp(f"demo-{seed}")
+        result = compare("--out", out, "--np", "3", "--hvd-controllers", "gloo", "--repeats", "1", "--explain", "none",
+                         "--seed", seed, timeout=900)
+        assert result.returncode == 0, result.output[-3000:]
+        found[seed] = (out, json.loads((out / "summary.json").read_text()))
+    return found
+
+
+@pytest.mark.parametrize("seed", DEMO_SEEDS)
+def test_the_default_comparison_at_3_ranks_is_never_beyond_the_floor(demo_at_3, seed):
+    out, summary = demo_at_3[seed]
+    (pair,) = [p for p in summary["parity"] if p["kind"] == "backends"]
+    assert pair["within_noise_floor"] is not False and pair["trains_differently_from"] is None, pair["verdict"]
+    assert pair["verdict"].startswith(("bitwise identical", "equal within", "within the noise floor")), pair["verdict"]
+    runs = {r["name"]: read_run(r["path"]) for r in summary["runs"]}
+    if pair["bitwise_identical"]:
+        assert "3" not in summary["noise_floors"]  # no floor is made where the backends agree to the bit
+        return
+    # The floor: the default number of disturbed runs, each its own pattern, against undisturbed DDP.
+    floor = summary["noise_floors"]["3"]
+    disturbed = [name for name in runs if "+perturbed" in name]
+    assert sorted(floor["disturbed"]) == sorted(disturbed) and len(disturbed) == floor["runs"] >= 2
+    patterns = sorted(runs[name]["config"]["config"]["perturb_pattern"] for name in disturbed)
+    assert patterns == list(range(1, len(disturbed) + 1))
+    # The band and the pair's largest ratio to it, from the run directories' losses, computed here.
+    ddp, hvd = runs["ddp@3#1"], runs["horovod-gloo@3#1"]
+    floor_gaps = [relative_gaps(ddp, runs[name]) for name in disturbed]
+    pair_gaps = relative_gaps(ddp, hvd)
+    band, level = {}, 2.0 ** -23
+    for step in sorted(pair_gaps):
+        level = max([level] + [g[step] for g in floor_gaps])
+        band[step] = level
+    largest = max(pair_gaps[s] / band[s] for s in pair_gaps)
+    assert largest <= summary["floor_margin"]
+    if pair["largest_band_ratio"]["quantity"] == "loss":
+        assert pair["largest_band_ratio"]["ratio"] == pytest.approx(largest)
+    assert pair["max_rel_loss_diff"] == pytest.approx(max(pair_gaps.values()))
+    report = (out / "report.md").read_text()
+    assert f"**{pair['verdict']}**" in report and "### Noise floor" in report
+    assert_real_image(out / "parity.png")
+
+
+@pytest.fixture(scope="module")
+def adam_lr(runs, tmp_path_factory):
+    """Two DDP runs at 2 ranks under Adam, lr 0.001 and 0.0012, compared with --runs --force (the floor made by
+    rerunning the first): (the two runs, the output folder, what the comparison printed, its summary)."""
+    a, b = runs("torchrun", 2, ADAM + ["--lr", "0.001"]), runs("torchrun", 2, ADAM + ["--lr", "0.0012"])
+    out = tmp_path_factory.mktemp("adam-lr")
+    result = compare("--runs", a.dir, b.dir, "--out", out, "--force", timeout=600)
+    assert result.returncode == 0, result.output[-3000:]
+    return a, b, out, result.output, json.loads((out / "summary.json").read_text())
+
+
+def test_a_20_percent_higher_learning_rate_under_adam_is_beyond_the_floor_from_step_2(adam_lr):
+    a, b, out, output, summary = adam_lr
+    (pair,) = [p for p in summary["parity"] if p["kind"] != "repeat"]
+    assert (pair["a"], pair["b"]) == ("ddp[lr=0.001]@2#1", "ddp[lr=0.0012]@2#1")
+    assert pair["kind"] == "settings"
+    assert pair["within_noise_floor"] is False and pair["trains_differently_from"] == 2, pair["verdict"]
+    assert pair["verdict"].startswith("beyond the noise floor: trains differently from step 2")
+    assert "the learning rate differs from step 1 (0.001 vs 0.0012)" in pair["verdict"]
+    # From step 2 the loss is orders of magnitude further apart than rounding ever carries it here.
+    gaps = relative_gaps(a.run, b.run)
+    assert gaps[1] == 0 and gaps[2] > 1e-3
+    floor = summary["noise_floors"]["2"]
+    assert max(max(p["steps"]["loss"].values()) for p in floor["pairs"]) < 1e-4
+    assert f"weights @2: ddp[lr=0.001]@2#1 vs ddp[lr=0.0012]@2#1: {pair['verdict']}" in output
+
+
+def test_runs_whose_settings_differ_are_never_called_repeats(adam_lr):
+    _, _, out, output, summary = adam_lr
+    assert not [p for p in summary["parity"] if p["kind"] == "repeat"]
+    assert "Reproducibility" not in (out / "report.md").read_text()
+    # The floor was made here from the first run's recorded settings, in as many patterns as the default asks.
+    assert "rerunning ddp[lr=0.001]@2#1's settings here" in output
+    made = sorted(p for p in (out / "runs").iterdir() if p.is_dir())
+    assert [read_run(p)["config"]["config"]["perturb_pattern"] for p in made] == list(range(1, len(made) + 1))
+    assert all(read_run(p)["config"]["config"]["lr"] == 0.001 for p in made)
+
+
+@pytest.fixture(scope="module")
+def mlp_base(runs):
+    """DDP at 3 ranks, the base both real differences are measured from."""
+    return runs("torchrun", 3, MLP)
+
+
+@pytest.fixture(scope="module")
+def floor_by_rerun(runs, mlp_base, tmp_path_factory):
+    """A comparison of DDP with Horovod at a learning rate 10% higher, given no disturbed run: it makes them.
+    (the comparison's output folder, what it printed, the faster run)"""
+    faster = runs("horovodrun-gloo", 3, MLP + ["--lr", "0.055"])
+    out = tmp_path_factory.mktemp("forced")
+    result = compare("--runs", mlp_base.dir, faster.dir, "--out", out, "--force")
+    assert result.returncode == 0, result.output[-3000:]
+    return out, result.output, faster
+
+
+def test_a_learning_rate_10_percent_higher_is_beyond_the_floor_made_by_a_rerun(mlp_base, floor_by_rerun):
+    out, output, faster = floor_by_rerun
+    assert "rerunning ddp@3#1's settings here with --perturb-ulp 1" in output
+    summary = json.loads((out / "summary.json").read_text())
+    (pair,) = [p for p in summary["parity"] if p["kind"] == "backends"]
+    assert pair["within_noise_floor"] is False and pair["trains_differently_from"] == 2, pair["verdict"]
+    assert pair["lr_difference"] == {"step": 1, "a": 0.05, "b": 0.055}
+    # The departure's numbers are what the run directories hold, computed here.
+    base, made = read_run(mlp_base.dir), [read_run(p) for p in sorted((out / "runs").iterdir())]
+    assert all(m["config"]["config"]["lr"] == 0.05 for m in made)
+    assert first_event(faster.run, "start")["wnorm"] == first_event(base, "start")["wnorm"]
+    departure = pair["departure"]
+    gaps = pair_gaps(base, faster.run)[departure["quantity"]]
+    assert departure["step"] == 2 and departure["gap"] == pytest.approx(gaps[2])
+    assert departure["ratio"] > summary["floor_margin"]
+
+
+def test_fp16_compression_on_one_side_is_beyond_the_floor_of_given_disturbed_runs(runs, mlp_base, floor_by_rerun,
+                                                                                  tmp_path):
+    compressed = runs("horovodrun-gloo", 3, MLP + ["--compression", "fp16"])
+    disturbed = sorted((floor_by_rerun[0] / "runs").iterdir())  # the ones the comparison above made
+    result = compare("--runs", mlp_base.dir, compressed.dir, *disturbed, "--out", tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "rerunning" not in result.output and not (tmp_path / "runs").exists()  # the floor was given
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (pair,) = [p for p in summary["parity"] if p["kind"] == "backends"]
+    assert (pair["a"], pair["b"]) == ("ddp@3#1", "horovod-gloo@3#1")
+    assert summary["noise_floors"]["3"]["runs"] == len(disturbed)
+    assert pair["within_noise_floor"] is False and pair["lr_difference"] is None, pair["verdict"]
+    # fp16 rounding of the gradients acts from the first update: the weights differ at step 2, and the pair leaves
+    # the band there or, on this small model, a step or two later as the difference grows past the margin.
+    assert pair["first_differing_step"] == 2
+    expected = first_departure(read_run(mlp_base.dir), compressed.run, [read_run(d) for d in disturbed],
+                               summary["floor_margin"])
+    assert pair["trains_differently_from"] == expected <= 4, pair["verdict"]
+    assert "compression" in summary["setting_differences"]
+
+
+def test_a_floor_that_is_off_is_said_to_be_unknown(runs, mlp_base, tmp_path):
+    faster = runs("horovodrun-gloo", 3, MLP + ["--lr", "0.055"])
+    result = compare("--runs", mlp_base.dir, faster.dir, "--out", tmp_path, "--noise-floor", "off")
+    assert result.returncode == 0, result.output[-3000:]
+    (pair,) = [p for p in json.loads((tmp_path / "summary.json").read_text())["parity"] if p["kind"] == "backends"]
+    assert pair["verdict"].startswith("differs: parameters by ")
+    assert "the learning rate differs from step 1 (0.05 vs 0.055)" in pair["verdict"]
+    assert pair["verdict"].endswith("noise floor unknown (--noise-floor off)")
+    assert pair["noise_floor"] is None and pair["within_noise_floor"] is None and not (tmp_path / "runs").exists()
+
+
+def test_disturbance_patterns_move_every_nonzero_initial_weight_one_ulp_each_tensor_its_own_way():
+    from common.disturb import directions, perturb_ulp
+
+    def disturbed(pattern):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        perturb_ulp(model, 1, pattern)
+        return model, before
+
+    seen = set()
+    for pattern in (1, 2, 3, 4, 5):
+        model, before = disturbed(pattern)
+        ways = directions(pattern, len(list(model.parameters())))
+        for (name, param), away in zip(model.named_parameters(), ways):
+            was, moved = before[name], param.detach()
+            nonzero = was != 0
+            assert torch.equal(moved[~nonzero], was[~nonzero])  # zeros stay
+            target = torch.where(was > 0, torch.inf, -torch.inf) if away else torch.zeros_like(was)
+            assert torch.equal(moved[nonzero], torch.nextafter(was, target)[nonzero])  # one ulp, that way
+        assert torch.equal(model[1].running_var, before["1.running_var"])  # buffers untouched
+        seen.add(tuple(ways))
+    assert directions(1, 6) == [True] * 6 and directions(2, 6) == [False] * 6
+    assert len(seen) >= 4  # distinct disturbances
