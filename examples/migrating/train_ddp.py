@@ -5,6 +5,7 @@ translation of train_horovod.py (Horovod's examples/pytorch/pytorch_mnist.py sty
 """
 
 import argparse
+import gc
 import hashlib
 import os
 import sys
@@ -121,6 +122,10 @@ def main(args):
 
     if dist.get_rank() == 0:
         print('Final weights sha256: {}'.format(weights_sha256(model.module)), flush=True)
+    # DDP: free the model before the process group: its reducer holds the group's work, and left to the
+    # interpreter's exit, gloo's threads can abort the process ("terminate called") at 3 ranks or more.
+    del model
+    gc.collect()
     dist.destroy_process_group()
 
 
