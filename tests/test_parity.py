@@ -40,7 +40,13 @@ def test_launcher_writes_complete_run_dir(runs, launcher):
         assert config["backend"]["controller"] == launcher.split("-")[1]
 
     kinds = {e["event"] for e in run["events"]}
-    assert kinds == {"step", "epoch", "eval", "checkpoint", "summary"}
+    assert kinds == {"start", "step", "epoch", "eval", "checkpoint", "summary"}
+    # The weights' fingerprint: the initial weights' at start, every logged step's after its update.
+    start = next(e for e in run["events"] if e["event"] == "start")
+    names = config["parameters"]
+    assert names and set(names) <= set(run["model"])
+    assert start["step"] == 0 and len(start["wnorm"]) == len(names)
+    assert all(len(e["wnorm"]) == len(names) for e in run["events"] if e["event"] == "step")
     assert len(step_losses(run)) == 30
 
     # model.pt is a plain state_dict (no DDP "module." prefix) that matches the summary's checksum.
