@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..config import OneLineParser, build_parser, positive_int
-from . import arguments, benchmarks, report
+from . import arguments, benchmarks, report, scripts
 from . import floor
 from .analysis import DEFAULT_TOLERANCE, FLOOR_MARGIN, weight_difference
 from .floor import DEFAULT_FLOOR_RUNS
@@ -61,6 +61,10 @@ def build_compare_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("runs/compare"), help="output folder (report and run dirs)")
     p.add_argument("--runs", nargs="+", type=Path, metavar="DIR",
                    help="compare these existing run directories instead of launching")
+    p.add_argument("--scripts", nargs="+", metavar="SCRIPT",
+                   help="compare your own training scripts, unmodified: HOROVOD_SCRIPT DDP_SCRIPT (or one of them "
+                        "alone), run from this folder under horovodrun and torchrun with the probe, which records "
+                        "every step; the scripts' own arguments go after --")
     p.add_argument("--force", action="store_true", help="compare runs even when they are not comparable")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help="max |Δw| under which non-identical weights are called equal")
@@ -130,7 +134,23 @@ def measure_missing_floors(runs: List, args: argparse.Namespace) -> Dict[int, st
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the comparison; 0 when every run succeeded, 1 when one failed, 2 on bad input."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: List[str] = []
+    if "--" in argv:  # what follows is the scripts' own
+        argv, script_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args, train_args = build_compare_parser().parse_known_args(argv)
+    if script_args and not args.scripts:
+        return fail(f"arguments after -- ({' '.join(script_args)}) are a script's; they go with --scripts")
+    if args.scripts:
+        if train_args:
+            return fail(f"training options ({' '.join(train_args)}) are the project's own loop's; with --scripts "
+                        "your scripts' arguments go after --")
+        if args.runs:
+            return fail("--scripts launches your scripts; --runs compares run directories: give one of them")
+        try:
+            program = scripts.program(args.scripts, script_args)
+        except ValueError as exc:
+            return fail(str(exc))
     if args.repeats < 1:
         return fail("--repeats must be >= 1")
     if any(a == "--run-dir" or a.startswith("--run-dir=") for a in train_args):
@@ -159,10 +179,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             return fail(str(exc))
     else:
         explain = [] if "none" in args.explain or any(a.startswith("--reduction") for a in train_args) else args.explain
+        backends = args.backends
+        if args.scripts:
+            # DDP first: the noise floor's disturbed runs are the first cell's, the DDP script's
+            explain, backends = [], sorted((backend for backend, _ in program.scripts), key=lambda b: b != "ddp")
         world_sizes = sorted(set(args.world_sizes))
         try:
             site = choose_site(args)
-            planned = plan(args.backends, world_sizes, args.hvd_controllers, args.repeats, explain, site,
+            planned = plan(backends, world_sizes, args.hvd_controllers, args.repeats, explain, site,
                            floor=args.floor_runs if args.noise_floor == "on" else 0)
         except ValueError as exc:
             return fail(str(exc))
@@ -174,7 +198,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return fail("the launch doctor found what would make the runs fail or hang (above); nothing was "
                             "launched")
         print(f"{PROG}: {len(planned)} runs into {args.out.resolve()}", flush=True)
-        runner = MatrixRunner(train_args, args.out, timeout_s=args.run_timeout,
+        runner = MatrixRunner(program if args.scripts else train_args, args.out, timeout_s=args.run_timeout,
                               echo=lambda line: print(line, flush=True), site=site)
         try:
             outcomes = runner.run_all(planned)
@@ -196,6 +220,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     number_repeats(runs)
     reasons = check_comparable(runs)
+    if args.scripts:  # scripts may take different numbers of steps: where they part is what the report says
+        notes += [f"{reason}." for reason in reasons if reason.startswith("steps differ")]
+        reasons = [reason for reason in reasons if not reason.startswith("steps differ")]
     if reasons:
         if not args.force:
             return fail("runs are not comparable: " + "; ".join(reasons) + " (use --force to compare anyway)")

@@ -80,9 +80,10 @@ def plan(backends: Sequence[str], world_sizes: Sequence[int], controllers: Optio
     the machine's speed spreads over every cell. With controllers=None Horovod runs the Gloo
     controller at every size and the MPI controller at the largest (under Slurm: MPI at every size).
     With both backends and a world size of 3 or more, the `explain` variants of Horovod (Gloo; under
-    Slurm MPI; see EXPLAIN) run at the largest size. Every world size of 3 or more where two cells meet gets
-    `floor` noise-floor runs of its first cell, each with its own disturbance (FLOOR; at 1 and 2 ranks correct
-    backends are bitwise identical). ValueError when the site cannot run a cell."""
+    Slurm MPI; see EXPLAIN) run at the largest size. Every world size of 2 or more where two cells meet gets
+    `floor` noise-floor runs of its first cell, each with its own disturbance (FLOOR), made only when the cells
+    ended with different weights (at 2 ranks correct backends are bitwise identical). ValueError when the site
+    cannot run a cell."""
     largest = max(world_sizes)
     if controllers is None and site.slurm:
         controllers = ["mpi"]
@@ -104,7 +105,7 @@ def plan(backends: Sequence[str], world_sizes: Sequence[int], controllers: Optio
                  for r in range(EXPLAIN_REPEATS[variant])]
     for np in world_sizes:
         here = [launcher for launcher, size in cells if size == np]
-        if np >= 3 and len(here) >= 2:
+        if np >= 2 and len(here) >= 2:
             runs += [PlannedRun(here[0], np, 0, floor_variant(k), if_cells_differ=True) for k in range(1, floor + 1)]
     site.check(sorted({run.launcher for run in runs}, key=lambda l: l.name), world_sizes)
     return runs
@@ -139,12 +140,45 @@ def _fmt_seconds(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+@dataclass(frozen=True)
+class Training:
+    """The project's own training (ddp_train / hvd_train) with these options."""
+
+    args: Tuple[str, ...]
+
+    def module(self, planned: PlannedRun) -> Optional[str]:
+        return None  # the launcher's training module
+
+    def argv(self, planned: PlannedRun, run_dir: Path) -> List[str]:
+        return [*self.args, *planned.extra_args, "--run-dir", str(run_dir)]
+
+
+@dataclass(frozen=True)
+class Scripts:
+    """Users' own training scripts, unmodified, each run under the probe (common.probe): `scripts` names the
+    script of each backend (ddp, horovod), `args` are the scripts' own arguments."""
+
+    scripts: Tuple[Tuple[str, str], ...]
+    args: Tuple[str, ...]
+
+    def module(self, planned: PlannedRun) -> Optional[str]:
+        return PROBE_MODULE
+
+    def argv(self, planned: PlannedRun, run_dir: Path) -> List[str]:
+        script = dict(self.scripts)[planned.launcher.backend]
+        return ["--run-dir", str(run_dir), *planned.extra_args, script, *self.args]
+
+
+#: the module that runs a user's script under the probe
+PROBE_MODULE = "common.probe"
+
+
 class MatrixRunner:
     """Runs a plan sequentially (runs on one host must not compete for its cores)."""
 
-    def __init__(self, train_args: Sequence[str], out: Path, python: str = sys.executable,
+    def __init__(self, program, out: Path, python: str = sys.executable,
                  timeout_s: float = 1800, echo: Callable[[str], None] = print, site: ThisHost = ThisHost()) -> None:
-        self.train_args = list(train_args)
+        self.program = program if isinstance(program, (Training, Scripts)) else Training(tuple(program))
         self.site = site
         self.out = out
         self.python = python
@@ -179,9 +213,8 @@ class MatrixRunner:
                  done: List[Outcome]) -> Outcome:
         run_dir = self.out / "runs" / planned.dirname
         run_dir.mkdir(parents=True, exist_ok=True)
-        commands = self.site.commands(planned.launcher, planned.np,
-                                      self.train_args + planned.extra_args + ["--run-dir", str(run_dir)],
-                                      python=self.python, index=index)
+        commands = self.site.commands(planned.launcher, planned.np, self.program.argv(planned, run_dir),
+                                      python=self.python, index=index, module=self.program.module(planned))
         shown = shown_commands(commands)
         self.echo(f"[{index + 1}/{total}] starting {planned.name}: {shown}")
         t0 = time.monotonic()

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..rundir import json_safe
-from . import analysis, benchmarks, explain, floor, plots
+from . import analysis, benchmarks, causes, explain, floor, plots
 from .tables import markdown as _table, number as _fmt
 from .rundirs import Run, setting_differences
 
@@ -22,6 +22,13 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
     floors = floor.floors(runs)
     judged = {**{world: {"unknown": why} for world, why in (unknown_floors or {}).items()}, **floors}
     pairs = analysis.parity_table(runs, tolerance, judged, margin)
+    by_name = {run.name: run for run in runs}
+    for p in pairs:  # scripts the probe followed: why they part, where they do
+        parts = p["trains_differently_from"] or (p["first_differing_step"] if p["within_noise_floor"] is None
+                                                 and not p["bitwise_identical"] else None)
+        p["cause"] = causes.explain(by_name[p["a"]], by_name[p["b"]], parts)
+        if p["cause"]:
+            p["verdict"] += f"; cause: {p['cause']['text']} (see {p['cause']['guide']})"
     throughput = analysis.throughput_table(runs)
     speed = analysis.speed_verdicts(runs, throughput)
     scaling = analysis.scaling_table(throughput)

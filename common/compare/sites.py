@@ -31,10 +31,11 @@ class ThisHost:
         """ValueError when one of these launchers cannot start one of these world sizes here."""
 
     def commands(self, launcher: launch.Launcher, np: int, args: Sequence[str], python: str,
-                 index: int) -> Dict[str, List[str]]:
-        """host -> what that host runs for one run (see common.launch.remote.commands_for); `index`
-        numbers the runs, so that each gets a rendezvous port of its own."""
-        return commands_for(launcher, np, args, python=python)
+                 index: int, module: Optional[str] = None) -> Dict[str, List[str]]:
+        """host -> what that host runs for one run of `module` (default: the launcher's training module; see
+        common.launch.remote.commands_for); `index` numbers the runs, so that each gets a rendezvous port of its
+        own."""
+        return commands_for(launcher, np, args, python=python, module=module)
 
 
 class Hosts(ThisHost):
@@ -59,8 +60,9 @@ class Hosts(ThisHost):
                     raise ValueError(f"--np {np} on --hosts {spell(self.hosts)} places {placed}: {exc}") from None
 
     def commands(self, launcher: launch.Launcher, np: int, args: Sequence[str], python: str,
-                 index: int) -> Dict[str, List[str]]:
-        return commands_for(launcher, np, args, python=python, hosts=self.placement(np), port=self.port + index)
+                 index: int, module: Optional[str] = None) -> Dict[str, List[str]]:
+        return commands_for(launcher, np, args, python=python, module=module, hosts=self.placement(np),
+                            port=self.port + index)
 
     def used_hosts(self, world_sizes: Sequence[int]) -> List[Tuple[str, int]]:
         """The hosts that the largest world size places ranks on (every other size uses a prefix of them)."""

@@ -1,0 +1,166 @@
+"""The probe's hooks into torch, installed before the user's script starts; nothing in the script changes.
+
+- torch.autograd.backward (Tensor.backward calls it): the loss the script backpropagated; a GradScaler's
+  scale() is followed so the loss is recorded unscaled.
+- torch.optim's global step hooks: every optimizer's step(). A step runs nested when Horovod's
+  DistributedOptimizer calls its wrapped class's step after the allreduce: what the innermost call saw (the
+  averaged gradients) is recorded when the outermost one returns.
+- torch.nn's global forward hooks: the outermost forward of a module with parameters, in training mode (the
+  model, however it is wrapped): the fingerprint of its inputs, and at the first one the weights training
+  starts from (after the script's broadcast), disturbed first when the probe was asked to.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Dict, List, NoReturn, Optional
+
+import torch
+import torch.optim.optimizer as optim_module
+from torch.nn.modules import module as module_hooks
+
+from .recorder import Recorder, group_settings, input_fingerprint, state_summary, tensor_norms
+
+
+def params_of(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
+    """The optimizer's parameters, in param-group order."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+class Hooks:
+    """Follows one script's model and optimizer on this rank and feeds the recorder."""
+
+    def __init__(self, recorder: Recorder, refuse: Callable[[str], NoReturn],
+                 on_start: Callable[[torch.nn.Module], None], on_first_step: Callable[[], None]) -> None:
+        self.recorder, self.refuse, self.on_start, self.on_first_step = recorder, refuse, on_start, on_first_step
+        self.model: Optional[torch.nn.Module] = None
+        self.optimizers: Dict[int, frozenset] = {}         # id(optimizer) -> its parameters' ids
+        self.forward_depth = 0
+        self.step_depth = 0
+        self.before: Optional[Dict[str, Any]] = None       # what the innermost step call saw
+        self.scaled: Dict[int, float] = {}                 # id(scaled loss) -> the loss before scaling
+
+    # --- installation ------------------------------------------------------------------------------
+    def install(self) -> None:
+        """Put every hook in place (before the script's first line runs)."""
+        self._backward = torch.autograd.backward
+        hooks = self
+
+        def backward(tensors, *args, **kwargs):
+            hooks.on_backward(tensors)
+            return hooks._backward(tensors, *args, **kwargs)
+
+        torch.autograd.backward = backward
+        self._wrap_scalers()
+        optim_module.register_optimizer_step_pre_hook(self.on_step_pre)
+        optim_module.register_optimizer_step_post_hook(self.on_step_post)
+        module_hooks.register_module_forward_pre_hook(self.on_forward_pre)
+        module_hooks.register_module_forward_hook(self.on_forward_post, always_call=True)
+
+    def _wrap_scalers(self) -> None:
+        """GradScaler.scale(loss) multiplies the loss by the scale: remember the loss it was given."""
+        from torch.amp import grad_scaler
+
+        original = grad_scaler.GradScaler.scale
+        hooks = self
+
+        def scale(scaler, outputs):
+            scaled = original(scaler, outputs)
+            if isinstance(outputs, torch.Tensor) and outputs.numel() == 1 and isinstance(scaled, torch.Tensor):
+                hooks.scaled[id(scaled)] = float(outputs.detach())
+            return scaled
+
+        grad_scaler.GradScaler.scale = scale
+
+    # --- backward ----------------------------------------------------------------------------------
+    def on_backward(self, tensors) -> None:
+        loss = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+        value = None
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            value = self.scaled.pop(id(loss), None)
+            if value is None:
+                value = float(loss.detach())
+        self.recorder.backward(value)
+
+    # --- forward -----------------------------------------------------------------------------------
+    def on_forward_pre(self, module: torch.nn.Module, args) -> None:
+        self.forward_depth += 1
+        if self.forward_depth != 1 or not module.training or not _has_parameters(module):
+            return
+        if self.model is None:  # the first outermost module with parameters that trains: the model
+            # Kept without its DDP wrapper: the wrapper holds the process group, which must go with the script's
+            # own objects, not at the interpreter's exit.
+            self.model = unwrap(module)
+            self.on_start(module)
+        self.recorder.forward(input_fingerprint(args))
+
+    def on_forward_post(self, module: torch.nn.Module, args, output) -> None:
+        self.forward_depth = max(self.forward_depth - 1, 0)
+
+    def ordered(self, optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
+        """The parameters a step's fingerprints cover: the model's, in its own order (two scripts may group
+        them differently in their optimizers), then any the optimizer has beyond them."""
+        params = params_of(optimizer)
+        if self.model is None:
+            return params
+        mine = list(self.model.parameters())
+        known = {id(p) for p in mine}
+        return mine + [p for p in params if id(p) not in known]
+
+    # --- optimizer steps ---------------------------------------------------------------------------
+    def on_step_pre(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+        self.step_depth += 1
+        ids = frozenset(id(p) for p in params_of(optimizer))
+        for other in self.optimizers.values():
+            if ids != other:
+                self.refuse(f"two optimizers step over {'overlapping' if ids & other else 'different'} "
+                            f"parameters ({type(optimizer).__name__} among them); the probe follows one model "
+                            "trained by one optimizer")
+        self.optimizers[id(optimizer)] = ids
+        self.recorder.optimizer_started()
+        params = self.ordered(optimizer)
+        self.before = {"groups": group_settings(optimizer), "state": state_summary(optimizer, params),
+                       "gnorm": tensor_norms([p.grad for p in params]), "wnorm_before": tensor_norms(params)}
+
+    def on_step_post(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+        self.step_depth -= 1
+        if self.step_depth > 0:
+            return
+        wnorm = tensor_norms(self.ordered(optimizer))
+        if self.recorder.in_step:
+            if self.recorder.steps == 0:
+                self.on_first_step()
+            self.recorder.step(self.before, wnorm)
+        else:
+            self.recorder.stepless(self.before, wnorm)
+        self.before = None
+
+
+def _has_parameters(module: torch.nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a DistributedDataParallel (or DataParallel) wrapper."""
+    while hasattr(module, "module") and isinstance(getattr(module, "module"), torch.nn.Module) and \
+            type(module).__name__ in ("DistributedDataParallel", "DataParallel"):
+        module = module.module
+    return module
+
+
+def distributed_world() -> Dict[str, Any]:
+    """How the script joined the job: its backend ("horovod", "ddp" or "local"), Horovod's controller, and the
+    world size the library it initialised says (1 when it initialised none)."""
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is not None:
+        try:
+            if hvd.is_initialized():
+                controller = "gloo" if hvd.gloo_enabled() else "mpi" if hvd.mpi_enabled() else None
+                return {"name": "horovod", "controller": controller, "size": hvd.size()}
+        except (AttributeError, ValueError):
+            pass
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return {"name": "ddp", "controller": None, "size": dist.get_world_size(),
+                "process_group": dist.get_backend()}
+    return {"name": "local", "controller": None, "size": 1}

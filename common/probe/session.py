@@ -1,0 +1,93 @@
+"""One rank's probe from the script's first line to its exit: the hooks, the records, the checks of what the
+probe can follow, and, on rank 0, the run directory when every rank has ended."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from typing import Callable, List, NoReturn, Optional
+
+import torch
+
+from ..disturb import perturb_ulp
+from ..launch.placement import Placement
+from . import assemble
+from .hooks import Hooks, distributed_world, unwrap
+from .recorder import Recorder, tensor_norms
+
+#: how long rank 0 waits, once its script has ended, for the other ranks' records to end
+WAIT_S = 120.0
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Session:
+    """The probe on one rank."""
+
+    def __init__(self, run_dir: str, script: str, argv: List[str], placement: Placement, perturb: int,
+                 pattern: int, refuse: Callable[[str], NoReturn]) -> None:
+        self.run_dir, self.script, self.argv, self.placement = run_dir, script, argv, placement
+        self.perturb, self.pattern, self.refuse = perturb, pattern, refuse
+        self.recorder = Recorder(run_dir, placement.rank)
+        self.hooks = Hooks(self.recorder, self._refuse, self._started, self._check_world)
+        self.failed = False
+
+    def start(self) -> None:
+        """Install the hooks and write this rank's first record, before the script runs."""
+        self.hooks.install()
+        self.recorder.write("probe", rank=self.placement.rank, world_size=self.placement.world_size,
+                            host=socket.gethostname(), launcher=self.placement.launcher, script=self.script,
+                            argv=self.argv, sha256=file_sha256(self.script), cwd=os.getcwd(),
+                            perturb_ulp=self.perturb, perturb_pattern=self.pattern)
+
+    def _refuse(self, message: str) -> NoReturn:
+        self.recorder.write("refused", message=message)
+        self.refuse(f"{self.script}: {message}")
+
+    def _started(self, model: torch.nn.Module) -> None:
+        """The model's first training forward: disturb it when asked, then record the weights it starts from."""
+        plain = unwrap(model)
+        if self.perturb:
+            perturb_ulp(plain, self.perturb, self.pattern)
+        names = [name for name, _ in plain.named_parameters()]
+        self.recorder.write("start", model=type(plain).__name__, parameters=names,
+                            buffers=[name for name, _ in plain.named_buffers()],
+                            wnorm=tensor_norms(list(model.parameters())), threads=torch.get_num_threads(),
+                            device=str(next(model.parameters()).device))
+
+    def _check_world(self) -> None:
+        """At the first training step: the script must train in the launcher's job, not alone on each rank."""
+        joined = distributed_world()
+        self.recorder.write("world", **joined)
+        if self.placement.world_size > 1 and joined["size"] != self.placement.world_size:
+            self.refuse(f"{self.script}: the launcher started {self.placement.world_size} ranks but the script "
+                        f"trains in a job of {joined['size']} (it initialised "
+                        f"{'no process group' if joined['name'] == 'local' else joined['name']}); it must join the "
+                        "launcher's job: torch.distributed.init_process_group() under torchrun, hvd.init() under "
+                        "horovodrun")
+
+    def finish(self) -> None:
+        """At exit: end this rank's record; rank 0 saves the model, waits for every rank's record to end and
+        writes the run directory."""
+        if self.recorder.steps == 0 and not self.failed:
+            self._refuse("made no optimizer step the probe could follow (it follows the step() of torch.optim "
+                         "optimizers after a backward())")
+        status = "failed" if self.failed else "ok"
+        self.recorder.write("end", steps=self.recorder.steps, status=status)
+        self.recorder.close()
+        model, self.hooks.model = self.hooks.model, None
+        if self.placement.rank != 0 or self.failed:
+            return
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        if not assemble.wait_for_ranks(self.run_dir, self.placement.world_size, time.monotonic() + WAIT_S):
+            self.refuse(f"{self.script}: a rank's record did not end within {WAIT_S:.0f} s of rank 0's; see its "
+                        "output above")
+        assemble.write(self.run_dir, self.placement.world_size, state)
