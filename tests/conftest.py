@@ -46,7 +46,7 @@ CLUSTER_MODULES = {"test_compare_hosts.py", "test_doctor.py", "test_launch_error
 # The other modules that take minutes on 2 cores, longest first, so that the two workers end together; the
 # rest follow in their own order.
 LONGEST_FIRST = ["test_faults.py", "test_compare.py", "test_benchmarks.py", "test_knobs.py", "test_exact.py",
-                 "test_plugins.py", "test_verdicts.py", "test_checkpoint.py", "test_compare_sites.py",
+                 "test_plugins.py", "test_verdicts.py", "test_scripts.py", "test_checkpoint.py", "test_compare_sites.py",
                  "test_parity.py", "test_elastic.py"]
 
 
