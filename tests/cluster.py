@@ -258,17 +258,17 @@ class Cluster:
 
     # --- running commands on a host -----------------------------------------------------------
     def run(self, host: str, cmd: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None):
-        """Run `cmd` on `host` as the tests run jobs (launch.run_cmd: venv on PATH, repo as cwd)."""
-        from launch import run_cmd
+        """Run `cmd` on `host` as the tests run jobs (launched.run_cmd: venv on PATH, repo as cwd)."""
+        from launched import run_cmd
 
         return run_cmd(on_host(host, cmd), timeout=timeout, env=env)
 
     def run_together(self, commands: Dict[str, List[str]], timeout: float = 240,
                      env: Optional[Dict[str, str]] = None) -> Dict[str, object]:
         """Start one command on each named host at once (torchrun's one agent per node), wait for all;
-        if any runs past `timeout`, every one is killed. Returns host -> launch.Result."""
+        if any runs past `timeout`, every one is killed. Returns host -> launched.Result."""
         from common.launch import Job, JobTimeout
-        from launch import REPO, Result, job_env
+        from launched import REPO, Result, job_env
 
         jobs = {host: Job(on_host(host, cmd), env=job_env(env), cwd=REPO) for host, cmd in commands.items()}
         results = {}

@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest  # noqa: E402
 
 from cluster import cluster  # noqa: E402,F401  (the simulated two-host cluster, one per session)
-from launch import PY, Runs  # noqa: E402
+from launched import PY, Runs  # noqa: E402
 from settings import ACROSS_HOSTS  # noqa: E402
 
 # A suite started in the background (`make test &`, nohup in a script) inherits SIGINT ignored, and so would

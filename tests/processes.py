@@ -10,7 +10,7 @@ import psutil
 
 from common.launch import Job as LaunchedJob, runs_module, still_running
 from common.rundir import events_so_far
-from launch import REPO, job_env
+from launched import REPO, job_env
 
 
 class Job(LaunchedJob):

@@ -10,7 +10,7 @@ from typing import Dict, Tuple
 
 import pytest
 
-from launch import PY, Result, assert_every_rank_exited, command, launch, run_cmd
+from launched import PY, Result, assert_every_rank_exited, command, launch, run_cmd
 
 BAD_INPUTS = {
     "missing-data-dir": (["--dataset", "mnist", "--data-dir", "/nonexistent/mnist"], "is not a directory"),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from launch import PY, REPO, run_cmd
+from launched import PY, REPO, run_cmd
 
 # The first test's setup is the QUICK run of every step, which takes minutes while another worker runs too.
 pytestmark = pytest.mark.timeout(900)

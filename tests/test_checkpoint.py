@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from launch import launch, read_run, step_losses, tensorboard_scalars
+from launched import launch, read_run, step_losses, tensorboard_scalars
 
 ARGS = ["--model", "convnet", "--optimizer", "adam", "--lr", "0.002", "--weight-decay", "0.01", "--epochs", "3",
         "--threads", "1", "--accumulate", "2", "--tensorboard"]

@@ -12,7 +12,7 @@ import stat
 import pytest
 from PIL import Image
 
-from launch import PY, max_abs_diff, read_run, run_cmd
+from launched import PY, max_abs_diff, read_run, run_cmd
 from settings import ADAM_LR, convnet_run, mlp_run
 
 PLOTS = ("curves.png", "throughput.png", "scaling_efficiency.png", "time_split.png", "parity.png")

@@ -17,7 +17,7 @@ import pytest
 
 from cluster import on_host
 from common.launch import Job
-from launch import PY, REPO, job_env, read_run, run_cmd
+from launched import PY, REPO, job_env, read_run, run_cmd
 from processes import assert_nothing_left, job_processes
 
 pytestmark = pytest.mark.multinode

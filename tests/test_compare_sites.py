@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from launch import PY, REPO, run_cmd
+from launched import PY, REPO, run_cmd
 
 SHIM = REPO / "tests" / "slurm_shim"
 COMPARE = [PY, "-m", "common.compare"]

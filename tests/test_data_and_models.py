@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from datasets import write_cifar10, write_imagefolder, write_mnist
-from launch import launch
+from launched import launch
 
 FEW_STEPS = ["--epochs", "1", "--max-steps", "2", "--batch-size", "8", "--threads", "1"]
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from cluster import on_host
-from launch import PY, run_cmd
+from launched import PY, run_cmd
 
 DOCTOR = [PY, "-m", "common.doctor"]
 HOSTS = "node0:2,node1:2"

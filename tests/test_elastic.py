@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-from launch import BIN, PY, launch, read_run
+from launched import BIN, PY, launch, read_run
 from processes import Job, assert_nothing_left, steps_logged, worker
 
 ARGS = ["--model", "mlp", "--epochs", "8", "--threads", "1", "--checkpoint-every", "10"]

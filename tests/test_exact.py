@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from launch import PY, launch, read_run, run_cmd, step_losses
+from launched import PY, launch, read_run, run_cmd, step_losses
 from settings import MLP_SGD, mlp_run
 
 # The default global batch, 96, is 12 micro-batches of 8: 1, 2, 3, 4 (6, 12) ranks share them.

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from datasets import write_imagefolder
-from launch import command, launch, read_run
+from launched import command, launch, read_run
 from processes import (LOOPBACK, Job, assert_nothing_left, job_processes, listening, steps_logged, wait_ended,
                        worker)
 from settings import TWO_RANK

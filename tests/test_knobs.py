@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from launch import PY, launch, max_abs_diff, run_cmd, step_losses
+from launched import PY, launch, max_abs_diff, run_cmd, step_losses
 from settings import CONVNET_ADAM, COMMON, convnet_run, mlp_run
 
 # Every knob that keeps world-size-2 parity, at once; 23 batches per rank and epoch make 11 steps of
@@ -67,7 +67,7 @@ def test_accumulation_equals_the_larger_batch(tmp_path):
     launch("horovodrun-gloo", 2, args + ["--batch-size", "64", "--run-dir", str(tmp_path / "big")]).check()
     launch("horovodrun-gloo", 2, args + ["--batch-size", "32", "--accumulate", "2",
                                          "--run-dir", str(tmp_path / "acc")]).check()
-    from launch import read_run
+    from launched import read_run
     big, acc = read_run(tmp_path / "big"), read_run(tmp_path / "acc")
     assert max_abs_diff(big["model"], acc["model"]) < 1e-5
     assert step_losses(big) == pytest.approx(step_losses(acc), abs=1e-5)

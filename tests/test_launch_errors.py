@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from datasets import write_cifar10, write_mnist
-from launch import BIN, PY, launch, run_cmd
+from launched import BIN, PY, launch, run_cmd
 from processes import Job, assert_nothing_left, worker
 
 TINY = ["--model", "mlp", "--max-steps", "3", "--threads", "1"]

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from launch import tensorboard_scalars
+from launched import tensorboard_scalars
 from settings import convnet_run, mlp_run
 
 

@@ -12,7 +12,7 @@ from typing import Dict, List
 import pytest
 import torch
 
-from launch import REPO, Result, command, run_cmd
+from launched import REPO, Result, command, run_cmd
 
 EXAMPLE = REPO / "examples" / "migrating"
 # One epoch of 23 steps per rank: about 20 s per launch on two cores.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import PY, REPO, command_on_hosts, max_abs_diff, read_run, step_losses
+from launched import PY, REPO, command_on_hosts, max_abs_diff, read_run, step_losses
 from settings import ACROSS_HOSTS
 
 pytestmark = pytest.mark.multinode

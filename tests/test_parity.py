@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from launch import backend_of, launch, max_abs_diff, step_losses
+from launched import backend_of, launch, max_abs_diff, step_losses
 from settings import ADAM_LR, LAUNCHERS, TWO_RANK, convnet_run, mlp_run, processes
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from common.launch import Job as LaunchedJob
-from launch import PY, assert_every_rank_exited, command, job_env, read_run, run_cmd
+from launched import PY, assert_every_rank_exited, command, job_env, read_run, run_cmd
 
 TOKENS = '''
     """A token-sequence task: the class is the marker token that fills half of each sequence."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from common import launch as launch_layer
-from launch import PY, REPO, run_cmd
+from launched import PY, REPO, run_cmd
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from launch import PY, REPO, job_env
+from launched import PY, REPO, job_env
 
 
 def _free_port() -> int:

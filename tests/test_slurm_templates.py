@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from launch import BIN, REPO, job_env
+from launched import BIN, REPO, job_env
 
 SHIM = REPO / "tests" / "slurm_shim"
 ARGS = ["--model", "mlp", "--max-steps", "6", "--threads", "1"]

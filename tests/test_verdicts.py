@@ -13,7 +13,7 @@ import torch
 # The first test's setup is three comparisons at 3 ranks, minutes while another worker runs too.
 pytestmark = pytest.mark.timeout(900)
 
-from launch import read_run
+from launched import read_run
 from test_compare import assert_real_image, compare
 
 #: make demo's training at 3 ranks (the defaults) on three seeds; 42 is the default
