@@ -38,7 +38,7 @@ from common.config import parse_config
 from common.launch.placement import default_threads, detect
 from common.data import make_loaders, open_datasets
 from common.models import build_model
-from common.optim import make_optimizer
+from common.loop.optim import make_optimizer
 
 
 DATA_PATHS = ("seed", "batched")

@@ -1,6 +1,6 @@
 """What each piece of bookkeeping in the training loop costs per step, against the step itself.
 
-The loop in common/train.py does, besides forward, backward and the optimizer step: the lr
+The loop in common/loop/trainer.py does, besides forward, backward and the optimizer step: the lr
 schedule, the train meters (a few small tensor ops), `loss.item()` and a JSON line in
 metrics.jsonl every --log-every steps, notes of what the rank is doing (common.liveness), and about every CHECK_PERIOD_S of training
 (common.stopping) a tiny allreduce that lets the ranks agree to stop on a signal. This times each
@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from common.config import Config
-from common.metrics import SumMeter
+from common.loop.metrics import SumMeter
 from common.models import build_model
-from common.optim import lr_at, make_optimizer, set_lr
+from common.loop.optim import lr_at, make_optimizer, set_lr
 from common.rundir import RunDir
 from common.liveness import Activity
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional
 
 from . import checkpoint as ckpt_io
-from .backend import Backend
+from common.loop.backend import Backend
 
 
 class Checkpointer:

@@ -30,7 +30,7 @@ def perturb_ulp(model: torch.nn.Module, ulps: int, pattern: int = AWAY) -> None:
     """Move every nonzero floating-point parameter element `ulps` units in the last place, each tensor away from
     zero or toward it as `pattern` says (zeros stay: one ulp of zero is a denormal, slow on CPUs and no smaller
     a disturbance). Every element of a tensor moves the same way, so each tensor's norm moves by about `ulps`
-    ulps: the per-step weight fingerprint (common.fingerprint) sees the disturbance from the first step."""
+    ulps: the per-step weight fingerprint (common.loop.fingerprint) sees the disturbance from the first step."""
     params = [p for p in model.parameters() if p.is_floating_point()]
     for param, away in zip(params, directions(pattern, len(params))):
         target = torch.where(param > 0, float("inf"), float("-inf")) if away else torch.zeros_like(param)

@@ -19,7 +19,7 @@ def main(argv: Optional[Sequence[str]], prog: str, description: str,
     data and the model in Trainer.prepare), so every rank names bad input itself."""
     sigterm_hold.hold()
     config = parse_config(argv, prog=prog, description=description)  # bad options: fail_usage exits 2
-    from .train import run
+    from common.loop.trainer import run
 
     backend, fit = start()
     try:

@@ -25,13 +25,13 @@ from typing import List, Tuple
 import torch
 import torch.nn.functional as F
 
-from .backend import Backend
-from .batches import Batches
+from common.loop.backend import Backend
+from common.loop.batches import Batches
 from .config import Config
-from .finite import NonFinite
+from common.loop.finite import NonFinite
 from .fixedpoint import FixedPoint, tensor_maxima
-from .metrics import SumMeter
-from .precision import Precision
+from common.loop.metrics import SumMeter
+from common.loop.precision import Precision
 from .shardstats import ShardStatistics
 
 

@@ -13,8 +13,8 @@ from typing import Dict, List, Optional
 import psutil
 import torch
 
-from .backend import Backend
-from .batches import Batches
+from common.loop.backend import Backend
+from common.loop.batches import Batches
 from .config import Config
 from .data import DataInfo
 from .launch.placement import launcher_name
@@ -65,7 +65,7 @@ def config_record(config: Config, backend: Backend, rank_hosts: List[str], threa
     """config.json: the resolved settings and everything about where and how the run ran. `factories` names
     where a model or dataset given by import path came from (None for the built-ins); `buffers` names the
     model's buffers (state that is not a parameter, such as BatchNorm's running statistics); `parameters` names
-    its parameters in the order of the step events' `wnorm` (common.fingerprint)."""
+    its parameters in the order of the step events' `wnorm` (common.loop.fingerprint)."""
     factories = {"model": model_factory, "dataset": info.factory}
     return {
         "config": config.to_dict(),

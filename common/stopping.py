@@ -18,7 +18,7 @@ import sys
 import time
 from typing import List, Optional
 
-from .backend import Backend
+from common.loop.backend import Backend
 from .config import print_error
 from .liveness import PeerState
 from .watchdog import CollectiveWatchdog

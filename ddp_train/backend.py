@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from common.backend import Backend
+from common.loop.backend import Backend
 from common.config import UsageError
 from common.launch.placement import detect
 

@@ -11,10 +11,10 @@ import time
 
 import torch
 
-from common.backend import Backend
+from common.loop.backend import Backend
 from common.config import UsageError
 from common.launch.placement import Placement, detect
-from common.profiling import Trace
+from common.loop.profiling import Trace
 
 from .launch import SIGKILL_GRACE_S
 from .waiting import Waiter, choose_wait

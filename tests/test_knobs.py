@@ -149,9 +149,9 @@ def test_grad_scaler_state_survives_a_checkpoint(tmp_path):
     """The GradScaler's state (--amp fp16, CUDA only for training) goes through the checkpoint format:
     saved with the checkpoint, loaded with weights_only=True, restored into a fresh scaler. Run on
     CPU in-process, since only the state's round trip is under test."""
-    from common.backend import LocalBackend
+    from common.loop.backend import LocalBackend
     from common.checkpoint import atomic_save, verified_load
-    from common.precision import Precision
+    from common.loop.precision import Precision
 
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -72,7 +72,7 @@ def test_slurm_tasks_per_node_parsing(spec, node, expected):
 
 def test_linear_scaling_with_warmup_follows_horovods_rule():
     from common.config import Config
-    from common.optim import lr_at
+    from common.loop.optim import lr_at
 
     config = Config(lr=0.1, lr_scaling="linear", warmup_epochs=2)
     # 10 steps per epoch, 4 ranks: starts at lr, reaches 4 x lr after 2 epochs, then stays.

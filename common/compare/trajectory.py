@@ -1,7 +1,7 @@
 """Where two runs part: their gap at every logged step, judged against the noise floor's band at that step.
 
 Each step has two measured quantities, both describing the weights the step's forward pass sees: rank 0's
-loss, and a fingerprint of the weights (every parameter tensor's norm, common.fingerprint). The gap of a
+loss, and a fingerprint of the weights (every parameter tensor's norm, common.loop.fingerprint). The gap of a
 quantity at a step is its relative difference between the two runs (for the fingerprint, the largest over
 the tensors). Rounding starts at the last bit of float32 and grows; a real difference (a learning rate, a
 weight decay, a compression, another sample order) moves the trajectory from the first step it acts on by

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .config import Config
+from common.config import Config
 
 
 def make_optimizer(config: Config, params) -> torch.optim.Optimizer:

@@ -11,32 +11,32 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from . import checkpoint as ckpt_io
-from . import sigterm_hold
+from common import checkpoint as ckpt_io
+from common import sigterm_hold
 from .backend import Backend, Tuning
 from .batches import Batches
-from .checkpointing import Checkpointer
-from .config import AMP_FP16_NEEDS_CUDA, Config, UsageError, fail_usage, print_error
-from .data import open_datasets
+from common.checkpointing import Checkpointer
+from common.config import AMP_FP16_NEEDS_CUDA, Config, UsageError, fail_usage, print_error
+from common.data import open_datasets
 from .evaluation import evaluate
 from .finite import LossWatch, NonFinite, nonfinite_tensors, weights_message
 from .fingerprint import parameter_names, weight_norms
-from .launch.placement import default_threads
+from common.launch.placement import default_threads
 from .metrics import SumMeter
-from .modelcheck import check_trainable
-from .disturb import perturb_ulp
-from .models import build_model, choose_model, gradient_bytes
-from .plugins import parse_literals
+from common.modelcheck import check_trainable
+from common.disturb import perturb_ulp
+from common.models import build_model, choose_model, gradient_bytes
+from common.plugins import parse_literals
 from .optim import lr_at, make_optimizer, set_lr
 from .precision import Precision
 from .profiling import PROFILE_DIR, StepProfiler
 from .progress import epoch_bar
-from .records import config_record, summary_record
-from .rundir import RunDir
-from .exact import ExactStep
+from common.records import config_record, summary_record
+from common.rundir import RunDir
+from common.exact import ExactStep
 from .stepping import AllreduceStep
 from .steptimer import StepTimer
-from .stopping import Interrupted, StopControl
+from common.stopping import Interrupted, StopControl
 
 TRAIN_METRICS = ["loss", "correct"]
 #: intra-op threads per process in --reduction exact unless --threads says otherwise

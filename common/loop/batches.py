@@ -15,8 +15,8 @@ from typing import Iterator, List
 import torch
 
 from .backend import Backend
-from .config import Config, UsageError, exact_global_batch
-from .data import make_loaders
+from common.config import Config, UsageError, exact_global_batch
+from common.data import make_loaders
 
 
 class Batches:

@@ -1,6 +1,6 @@
 """The seam between the one training loop and a way of running it in parallel.
 
-The loop in common.train talks to a Backend only. A backend owns: the process group (init,
+The loop in common.loop.trainer talks to a Backend only. A backend owns: the process group (init,
 barrier, shutdown), who this process is (rank, local rank, world size, device), how a model
 and optimizer are wrapped so gradients are averaged, and small collectives for metrics.
 Nothing here imports horovod or torch.distributed; hvd_train and ddp_train do, lazily.
@@ -18,8 +18,8 @@ from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
-from .launch.placement import Placement
-from .liveness import Activity, Liveness
+from common.launch.placement import Placement
+from common.liveness import Activity, Liveness
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ class Backend(abc.ABC):
             scaler.update()
 
     def trace(self, folder: str):
-        """The profiler of this backend, writing into `folder` (a common.profiling.Trace; started
+        """The profiler of this backend, writing into `folder` (a common.loop.profiling.Trace; started
         and stopped on every rank). Default: a torch.profiler chrome trace of rank 0."""
         from .profiling import TorchTrace
 
