@@ -81,7 +81,7 @@ def speed(args, work: Path, failures: List[Dict]) -> List[Dict]:
 def fixed_point_error(model_name: str, size: int, global_batch: int, micro_batch: int, seed: int = 0) -> Dict:
     """The largest relative error of the fixed-point mean of real micro-batch gradients, and of float32's
     sequential sum, against the float64 mean."""
-    from common.fixedpoint import FixedPoint, tensor_maxima
+    from common.exact.fixedpoint import FixedPoint, tensor_maxima
     from common.models import build_model
 
     torch.manual_seed(seed)

@@ -120,7 +120,7 @@ def test_the_comparison_gives_the_world_size_verdict(runs, tmp_path):
 
 def test_fixed_point_sums_do_not_depend_on_their_grouping():
     """The integer form of a gradient sums to the same bits whichever ranks hold which micro-batches."""
-    from common.fixedpoint import FixedPoint, tensor_maxima
+    from common.exact.fixedpoint import FixedPoint, tensor_maxima
 
     gen = torch.Generator().manual_seed(0)
     # Magnitudes from 1e-8 to 1e2, each element its own.

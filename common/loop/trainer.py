@@ -33,7 +33,7 @@ from .profiling import PROFILE_DIR, StepProfiler
 from .progress import epoch_bar
 from common.records import config_record, summary_record
 from common.rundir import RunDir
-from common.exact import ExactStep
+from common.exact.step import ExactStep
 from .stepping import AllreduceStep
 from .steptimer import StepTimer
 from common.stopping import Interrupted, StopControl

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from common.loop.backend import Backend
 from common.loop.batches import Batches
-from .config import Config
+from common.config import Config
 from common.loop.finite import NonFinite
 from .fixedpoint import FixedPoint, tensor_maxima
 from common.loop.metrics import SumMeter
