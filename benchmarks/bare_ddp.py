@@ -1,6 +1,6 @@
 """The reference loop: the simplest correct DistributedDataParallel training loop, nothing else.
 
-Same model (common.models.build_model), data (common.data), sampler (DistributedSampler), per-rank
+Same model (common.inputs.models.build_model), data (common.inputs.data), sampler (DistributedSampler), per-rank
 batch, optimizer and thread count as `python -m ddp_train`, and no logging, meters, checkpoints,
 stop checks or evaluation. Throughput is measured the way the training loop measures it: from the
 end of the first step to the end of the last, so the first step (allocation, warm-up) is left out.
@@ -9,7 +9,7 @@ Rank 0 writes RUN_DIR/summary.json with `samples_per_s`.
 --data-path says how batches are fetched:
 - seed (default): a plain DataLoader with batch_size, one sample per call and a collate, as a user
   writes it (and as the seed project did);
-- batched: the loader the training loop uses (common.data.make_loaders: a whole batch per call
+- batched: the loader the training loop uses (common.inputs.data.make_loaders: a whole batch per call
   for in-memory and synthetic data), so that the loop / bare ratio measures the loop's bookkeeping alone.
 
     torchrun --standalone --nproc-per-node 2 -m benchmarks.bare_ddp --data-path batched --model resnet18 \\
@@ -36,8 +36,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from common.config import parse_config
 from common.launch.placement import default_threads, detect
-from common.data import make_loaders, open_datasets
-from common.models import build_model
+from common.inputs.data import make_loaders, open_datasets
+from common.inputs.models import build_model
 from common.loop.optim import make_optimizer
 
 

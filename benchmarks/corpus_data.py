@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch.utils.data import Subset
 
 from common.config import Config
-from common.data import open_datasets
+from common.inputs.data import open_datasets
 
 
 def reordered(data_dir=None, seed: int = 42):

@@ -27,7 +27,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.compare import tables
-from common.models import build_model
+from common.inputs.models import build_model
 
 
 DEFINITIONS = {"builtin_ms": "median ms per step, DDP's built-in allreduce (slowest rank)",

@@ -82,7 +82,7 @@ def fixed_point_error(model_name: str, size: int, global_batch: int, micro_batch
     """The largest relative error of the fixed-point mean of real micro-batch gradients, and of float32's
     sequential sum, against the float64 mean."""
     from common.exact.fixedpoint import FixedPoint, tensor_maxima
-    from common.models import build_model
+    from common.inputs.models import build_model
 
     torch.manual_seed(seed)
     model = build_model(model_name, 3, size, 10, seed)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from common.config import Config
 from common.loop.metrics import SumMeter
-from common.models import build_model
+from common.inputs.models import build_model
 from common.loop.optim import lr_at, make_optimizer, set_lr
 from common.rundir import RunDir
 from common.liveness import Activity

@@ -16,7 +16,7 @@ from the same file. Reported per model and setting, median and spread over --rep
   exchange), so what remains is what exchanging gradients costs;
 - loop ratios: our DDP loop's step time / a bare DDP loop's (benchmarks/bare_ddp.py) at the same
   world size, against two bare loops: the seed-style one (a per-sample DataLoader, what a user would
-  write) and one on our batched data path (common.data.make_loaders), which isolates what the loop's
+  write) and one on our batched data path (common.inputs.data.make_loaders), which isolates what the loop's
   bookkeeping (logging, meters, checkpoints, stop checks) costs; 1.00 means nothing.
 
 --sweep KNOB=v1,v2 repeats the matrix for each value: a lower-case KNOB is a training option
@@ -64,7 +64,7 @@ BARE = {"bare": BareLoop("bare-ddp", "seed", "loop_ratio"),
 BASELINES = (*BARE, "independent")
 #: a sweep value that leaves the knob unset
 AUTO = "auto"
-VAL_FRACTION = 0.2  # common.data's train/validation split
+VAL_FRACTION = 0.2  # common.inputs.data's train/validation split
 DATASETS = ("synthetic", "digits")
 
 
@@ -204,7 +204,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.dataset == "digits":
         if args.image_size is not None:
             return _fail("--image-size is for synthetic data; the digits are 8x8 images")
-        from common.models import MIN_IMAGE_SIZE
+        from common.inputs.models import MIN_IMAGE_SIZE
 
         steps_per_epoch, side = digits_epoch(args.batch_size, max(args.world_sizes))
         sizes = {"*": side}
@@ -271,7 +271,7 @@ DEFINITIONS = {
 def digits_epoch(batch_size: int, world_size: int) -> Tuple[int, int]:
     """(steps of one epoch per rank, image side) of the digits, from the loader training builds."""
     from common.config import Config
-    from common.data import make_loaders, open_datasets
+    from common.inputs.data import make_loaders, open_datasets
 
     config = Config(dataset="digits", batch_size=batch_size)
     train, val, info = open_datasets(config)

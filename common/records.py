@@ -16,7 +16,7 @@ import torch
 from common.loop.backend import Backend
 from common.loop.batches import Batches
 from .config import Config
-from .data import DataInfo
+from common.inputs.data import DataInfo
 from .launch.placement import launcher_name
 from .rundir import weights_sha256
 

@@ -58,7 +58,7 @@ def test_pretrained_is_refused_offline(tmp_path):
 
 
 def test_model_registry_adapts_to_dataset_shapes():
-    from common.models import MODEL_BUILDERS, build_model
+    from common.inputs.models import MODEL_BUILDERS, build_model
 
     for name in MODEL_BUILDERS:
         for channels, size, classes in ((1, 8, 10), (1, 28, 10), (3, 32, 7)):
@@ -74,7 +74,7 @@ def test_model_registry_adapts_to_dataset_shapes():
 
 def test_seed_fixes_the_split_and_synthetic_samples():
     from common.config import Config
-    from common.data import open_datasets
+    from common.inputs.data import open_datasets
 
     first = open_datasets(Config(dataset="digits", seed=5))
     again = open_datasets(Config(dataset="digits", seed=5))
@@ -95,7 +95,7 @@ def test_in_memory_loaders_fetch_whole_batches_with_per_sample_values(dataset, k
     from torch.utils.data import BatchSampler, DataLoader
 
     from common.config import Config
-    from common.data import SyntheticImages, make_loaders, open_datasets
+    from common.inputs.data import SyntheticImages, make_loaders, open_datasets
 
     config = Config(dataset=dataset, image_size=12, synthetic_samples=200, batch_size=16, seed=4)
     train, val, _ = open_datasets(config)

@@ -219,7 +219,7 @@ def test_a_floor_that_is_off_is_said_to_be_unknown(runs, mlp_base, tmp_path):
 
 
 def test_disturbance_patterns_move_every_nonzero_initial_weight_one_ulp_each_tensor_its_own_way():
-    from common.disturb import directions, perturb_ulp
+    from common.inputs.perturb import directions, perturb_ulp
 
     def disturbed(pattern):
         torch.manual_seed(0)

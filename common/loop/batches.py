@@ -16,7 +16,7 @@ import torch
 
 from .backend import Backend
 from common.config import Config, UsageError, exact_global_batch
-from common.data import make_loaders
+from common.inputs.data import make_loaders
 
 
 class Batches:

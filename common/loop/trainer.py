@@ -17,16 +17,16 @@ from .backend import Backend, Tuning
 from .batches import Batches
 from common.checkpointing import Checkpointer
 from common.config import AMP_FP16_NEEDS_CUDA, Config, UsageError, fail_usage, print_error
-from common.data import open_datasets
+from common.inputs.data import open_datasets
 from .evaluation import evaluate
 from .finite import LossWatch, NonFinite, nonfinite_tensors, weights_message
 from .fingerprint import parameter_names, weight_norms
 from common.launch.placement import default_threads
 from .metrics import SumMeter
-from common.modelcheck import check_trainable
-from common.disturb import perturb_ulp
-from common.models import build_model, choose_model, gradient_bytes
-from common.plugins import parse_literals
+from common.inputs.modelcheck import check_trainable
+from common.inputs.perturb import perturb_ulp
+from common.inputs.models import build_model, choose_model, gradient_bytes
+from common.inputs.factories import parse_literals
 from .optim import lr_at, make_optimizer, set_lr
 from .precision import Precision
 from .profiling import PROFILE_DIR, StepProfiler

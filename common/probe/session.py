@@ -11,7 +11,7 @@ from typing import Callable, List, NoReturn, Optional
 
 import torch
 
-from ..disturb import perturb_ulp
+from common.inputs.perturb import perturb_ulp
 from ..launch.placement import Placement
 from . import assemble
 from .hooks import Hooks, distributed_world, unwrap

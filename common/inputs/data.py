@@ -15,8 +15,8 @@ import torch
 from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, SequentialSampler,
                               Subset, TensorDataset)
 
-from .config import Config, UsageError, check_config
-from .plugins import article, describe_exception, is_factory, load
+from common.config import Config, UsageError, check_config
+from .factories import article, describe_exception, is_factory, load
 
 VAL_FRACTION = 0.2
 #: a synthetic set of at most this many bytes is generated once and kept in memory

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import UsageError
-from .plugins import TORCHVISION, Factory, article, is_factory, load, torchvision_factory
+from common.config import UsageError
+from .factories import TORCHVISION, Factory, article, is_factory, load, torchvision_factory
 
 
 class MLP(nn.Module):
@@ -143,7 +143,7 @@ def choose_model(name: str) -> ModelChoice:
 
 def check_model_fits(name: str, image_size: int) -> None:
     """Raise ValueError (with the fix) when a built-in model cannot take images of this size (a factory's
-    model is checked by running it, see common.modelcheck)."""
+    model is checked by running it, see common.inputs.modelcheck)."""
     if name not in MIN_IMAGE_SIZE:
         return
     if image_size < MIN_IMAGE_SIZE[name]:

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
-from .config import UsageError
-from .plugins import describe_exception
+from common.config import UsageError
+from .factories import describe_exception
 
 TRIAL_SAMPLES = 2  # BatchNorm in training mode needs more than one value per channel
 
