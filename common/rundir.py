@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .checkpoint import atomic_save
+from common.checkpoints.format import atomic_save
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"

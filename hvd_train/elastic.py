@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Optional
 
-from common.checkpoint import CheckpointError
+from common.checkpoints.format import CheckpointError
 
 from .backend import broadcast_state
 

@@ -84,7 +84,7 @@ class _Payload:
 
 def _plant(path, obj):
     torch.save(obj, path)
-    from common.checkpoint import file_sha256
+    from common.checkpoints.format import file_sha256
     path.with_name(path.name + ".sha256").write_text(f"{file_sha256(str(path))}  {path.name}\n")
 
 
@@ -155,7 +155,7 @@ def test_non_finite_weights_never_reach_a_checkpoint(tmp_path):
         assert f"[rank {rank}] ddp_train: error: non-finite values in " in result.output, result.output[-3000:]
     assert "checkpoint not written (the last good checkpoint is kept)" in result.output
     assert not (tmp_path / "summary.json").exists() and not (tmp_path / "model.pt").exists()
-    from common.checkpoint import find_newest_valid
+    from common.checkpoints.format import find_newest_valid
     good, _, problems = find_newest_valid(str(tmp_path))
     assert good is not None and not problems and _all_finite(good["model"])
 
@@ -166,6 +166,6 @@ def test_non_finite_loss_stops_at_once(tmp_path):
     assert result.returncode == 1
     assert "ddp_train: error: loss is nan" in result.output or "ddp_train: error: loss is inf" in result.output
     assert not (tmp_path / "summary.json").exists()
-    from common.checkpoint import find_newest_valid
+    from common.checkpoints.format import find_newest_valid
     good, _, problems = find_newest_valid(str(tmp_path))
     assert good is not None and not problems and _all_finite(good["model"])

@@ -68,7 +68,7 @@ def _stopped_with_a_checkpoint(run_dir, output):
     assert stopped, f"no final checkpoint:\n{output[-3000:]}"
     assert any(e["event"] == "checkpoint" and e["step"] == stopped[0]["step"] for e in events)
     # The run continues from there.
-    from common.checkpoint import find_newest_valid
+    from common.checkpoints.format import find_newest_valid
     ckpt, _, problems = find_newest_valid(str(run_dir))
     assert ckpt["step"] == stopped[0]["step"] and not problems
 

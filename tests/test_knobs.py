@@ -150,7 +150,7 @@ def test_grad_scaler_state_survives_a_checkpoint(tmp_path):
     saved with the checkpoint, loaded with weights_only=True, restored into a fresh scaler. Run on
     CPU in-process, since only the state's round trip is under test."""
     from common.loop.backend import LocalBackend
-    from common.checkpoint import atomic_save, verified_load
+    from common.checkpoints.format import atomic_save, verified_load
     from common.loop.precision import Precision
 
     model = torch.nn.Linear(4, 2)

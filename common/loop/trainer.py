@@ -11,11 +11,11 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from common import checkpoint as ckpt_io
+from common.checkpoints import format as ckpt_io
 from common import sigterm_hold
 from .backend import Backend, Tuning
 from .batches import Batches
-from common.checkpointing import Checkpointer
+from common.checkpoints.during_run import Checkpointer
 from common.config import AMP_FP16_NEEDS_CUDA, Config, UsageError, fail_usage, print_error
 from common.inputs.data import open_datasets
 from .evaluation import evaluate

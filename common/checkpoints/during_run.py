@@ -1,6 +1,6 @@
 """Checkpointing during a run: which checkpoint to resume from, and writing one while every rank waits.
 
-The file format (atomic write, digest, verified load, pruning) is common.checkpoint; this part knows
+The file format (atomic write, digest, verified load, pruning) is common.checkpoints.format; this part knows
 the run: --resume, the settings a checkpoint must share with the run, rank 0 writing while the others
 wait, and the callbacks that keep each written state (Horovod elastic commits it on every rank).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional
 
-from . import checkpoint as ckpt_io
+from . import format as ckpt_io
 from common.loop.backend import Backend
 
 
