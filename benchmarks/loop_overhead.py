@@ -2,8 +2,8 @@
 
 The loop in common/loop/trainer.py does, besides forward, backward and the optimizer step: the lr
 schedule, the train meters (a few small tensor ops), `loss.item()` and a JSON line in
-metrics.jsonl every --log-every steps, notes of what the rank is doing (common.liveness), and about every CHECK_PERIOD_S of training
-(common.stopping) a tiny allreduce that lets the ranks agree to stop on a signal. This times each
+metrics.jsonl every --log-every steps, notes of what the rank is doing (common.faults.liveness), and about every CHECK_PERIOD_S of training
+(common.faults.stopping) a tiny allreduce that lets the ranks agree to stop on a signal. This times each
 piece alone, in one process, with the real objects (SumMeter, RunDir, Activity, lr_at), at
 the model's real batch, and the stop check from the allreduce benchmark's smallest torch message
 (when DIR/allreduce.json exists), shared by the steps between two checks at the measured step time.
@@ -32,10 +32,10 @@ from common.loop.metrics import SumMeter
 from common.inputs.models import build_model
 from common.loop.optim import lr_at, make_optimizer, set_lr
 from common.rundir import RunDir
-from common.liveness import Activity
+from common.faults.liveness import Activity
 
 from common.compare import tables
-from common.stopping import CHECK_PERIOD_S, MAX_CHECK_EVERY
+from common.faults.stopping import CHECK_PERIOD_S, MAX_CHECK_EVERY
 
 from .machine import Record, write_json
 

@@ -282,7 +282,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 #: a rank started by a launcher that finds bad input lingers until it has lived this long before exiting:
 #: on a loaded machine a sibling's Python start-up can lag by more than a second, and a sibling must reach
-#: its own checks (holding SIGTERM, see common.sigterm_hold) before the launcher stops it
+#: its own checks (holding SIGTERM, see common.faults.sigterm_hold) before the launcher stops it
 SIBLING_GRACE_S = 5.0
 STARTED = time.monotonic()
 

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Callable, NoReturn, Optional, Sequence, Tuple
 
-from . import sigterm_hold
+from .faults import sigterm_hold
 from .config import parse_config
 
 

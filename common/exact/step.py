@@ -46,7 +46,7 @@ class ExactStep:
 
     #: the epoch's training metrics it adds are the global ones, the same on every rank
     global_meter = True
-    #: what a rank in this step is said to do (common.liveness); its integer sums mark themselves as waits
+    #: what a rank in this step is said to do (common.faults.liveness); its integer sums mark themselves as waits
     doing = "forward, backward and the exact sum"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, backend: Backend,

@@ -19,7 +19,7 @@ from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence
 import torch
 
 from common.launch.placement import Placement
-from common.liveness import Activity, Liveness
+from common.faults.liveness import Activity, Liveness
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Tuning:
     predivide: bool = False      # divide gradients by the world size before the sum (Horovod; DDP always does)
 
 
-#: the collectives every backend implements, and what a rank in one is said to wait in (common.liveness)
+#: the collectives every backend implements, and what a rank in one is said to wait in (common.faults.liveness)
 COLLECTIVES = {"all_reduce_sum": "an allreduce of metrics", "all_reduce_": "an allreduce",
                "broadcast_module": "a broadcast of the weights", "broadcast_buffers": "a broadcast of the buffers",
                "all_gather_object": "an allgather", "barrier": "a barrier"}
@@ -143,7 +143,7 @@ class Backend(abc.ABC):
     # --- naming a rank that stopped taking part --------------------------------------------
     def start_liveness(self) -> None:
         """After init (and after an elastic job re-formed): open this rank's answering port and learn
-        every rank's (a collective). See common.liveness."""
+        every rank's (a collective). See common.faults.liveness."""
         if self.liveness is not None:
             self.liveness.close()
         self.liveness = Liveness(self.rank, self.activity, self.host(),
@@ -166,7 +166,7 @@ class Backend(abc.ABC):
 
     def end_stopped_peers(self) -> None:
         """Last thing before this rank leaves a failed job: end the stopped processes of ranks on this host
-        that explain_stall() found (see common.liveness.Liveness.end_stopped)."""
+        that explain_stall() found (see common.faults.liveness.Liveness.end_stopped)."""
         if self.liveness is not None:
             self.liveness.end_stopped()
 

@@ -20,7 +20,7 @@ class AllreduceStep:
 
     #: the epoch's training metrics it adds are this rank's; the epoch's end sums them over ranks
     global_meter = False
-    #: what a rank in this step is said to do (common.liveness); DDP's gradient allreduce runs inside backward
+    #: what a rank in this step is said to do (common.faults.liveness); DDP's gradient allreduce runs inside backward
     doing = "forward, backward and the optimizer step"
 
     def __init__(self, model: torch.nn.Module, plain_model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from common.checkpoints import format as ckpt_io
-from common import sigterm_hold
+from common.faults import sigterm_hold
 from .backend import Backend, Tuning
 from .batches import Batches
 from common.checkpoints.during_run import Checkpointer
@@ -36,7 +36,7 @@ from common.rundir import RunDir
 from common.exact.step import ExactStep
 from .stepping import AllreduceStep
 from .steptimer import StepTimer
-from common.stopping import Interrupted, StopControl
+from common.faults.stopping import Interrupted, StopControl
 
 TRAIN_METRICS = ["loss", "correct"]
 #: intra-op threads per process in --reduction exact unless --threads says otherwise

@@ -19,7 +19,7 @@ import time
 from typing import List, Optional
 
 from common.loop.backend import Backend
-from .config import print_error
+from common.config import print_error
 from .liveness import PeerState
 from .watchdog import CollectiveWatchdog
 

@@ -1,7 +1,7 @@
 """A per-rank watchdog over this rank's waits on the other ranks.
 
 Some waits have no timeout of their own (an MPI collective whose peer stopped or died), so a stuck or
-dead peer would hang the job. The watchdog reads the rank's Activity (common.liveness) once a second:
+dead peer would hang the job. The watchdog reads the rank's Activity (common.faults.liveness) once a second:
 - a collective that has waited longer than its limit ends the rank (`on_timeout`, which says where
   every other rank is and exits);
 - a collective that has waited a few seconds has its peers asked whether any has ended (`gone`): a
