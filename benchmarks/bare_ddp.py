@@ -39,6 +39,7 @@ from common.launch.placement import default_threads, detect
 from common.inputs.data import make_loaders, open_datasets
 from common.inputs.models import build_model
 from common.loop.optim import make_optimizer
+from common.rundir.names import SUMMARY_FILE
 
 
 DATA_PATHS = ("seed", "batched")
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
                    "dataset": config.dataset, "batch_size": config.batch_size, "steps": step, "train_s": seconds,
                    "samples_per_s": samples / seconds if seconds > 0 else None,
                    "threads": torch.get_num_threads(), "final_loss": float(loss.item())}
-        with open(os.path.join(config.run_dir, "summary.json"), "w") as f:
+        with open(os.path.join(config.run_dir, SUMMARY_FILE), "w") as f:
             json.dump(summary, f, indent=2)
         print(f"bare_ddp: {step} steps, {summary['samples_per_s'] or 0:.1f} samples/s, "
               f"run dir {os.path.abspath(config.run_dir)}", flush=True)

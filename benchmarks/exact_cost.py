@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from common.compare import stats, tables
 from common.compare.arguments import world_sizes
+from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 
 from .jobs import add_places, JobFailed, run_cli, run_job, worker_command
 from .machine import Record, publish
@@ -62,8 +63,8 @@ def speed(args, work: Path, failures: List[Dict]) -> List[Dict]:
                     print(f"exact_cost: {model} {mode} x{np} #{repeat + 1} ...", flush=True)
                     try:
                         run_job(cmd, run_dir.with_suffix(".log"), args.timeout)
-                        summary = json.loads((run_dir / "summary.json").read_text())
-                        config = json.loads((run_dir / "config.json").read_text())
+                        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+                        config = json.loads((run_dir / CONFIG_FILE).read_text())
                     except (JobFailed, OSError, ValueError) as exc:
                         failures.append({"model": model, "mode": mode, "world_size": np, "error": str(exc)[-2000:]})
                         continue
@@ -130,10 +131,10 @@ def distance(args, work: Path, failures: List[Dict]) -> Optional[Dict]:
             failures.append({"mode": mode, "world_size": 3, "error": str(exc)[-2000:]})
             return None
         dirs[mode] = run_dir
-    a, b = (torch.load(dirs[m] / "model.pt", weights_only=True) for m in MODES)
+    a, b = (torch.load(dirs[m] / MODEL_FILE, weights_only=True) for m in MODES)
     worst = max(float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].is_floating_point())
     largest = max(float(a[k].double().abs().max()) for k in a if a[k].is_floating_point())
-    scores = {m: json.loads((dirs[m] / "summary.json").read_text())["val_top1"] for m in MODES}
+    scores = {m: json.loads((dirs[m] / SUMMARY_FILE).read_text())["val_top1"] for m in MODES}
     return {"world_size": 3, "max_abs_weight_diff": worst, "largest_weight": largest,
             "val_top1": scores, "settings": "defaults (convnet, digits, 10 epochs, global batch 96)"}
 

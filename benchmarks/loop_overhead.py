@@ -31,7 +31,7 @@ from common.config import Config
 from common.loop.metrics import SumMeter
 from common.inputs.models import build_model
 from common.loop.optim import lr_at, make_optimizer, set_lr
-from common.rundir import RunDir
+from common.rundir.writer import RunDir
 from common.faults.liveness import Activity
 
 from common.compare import tables

@@ -52,7 +52,7 @@ def machine() -> Dict:
     """The machine a result was measured on."""
     import torch
 
-    from common.records import versions
+    from common.rundir.records import versions
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     mem_gib = None
@@ -104,7 +104,7 @@ def figure_title(report: Dict) -> str:
 
 def write_json(path: Path, data: Dict) -> None:
     """Write a result atomically (a reader never sees half a file)."""
-    from common.rundir import json_safe
+    from common.rundir.writer import json_safe
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 from common import launch
 from common.compare import tables
-from common.rundir import events_so_far
+from common.rundir.reader import events_so_far
 
 from .jobs import add_places, job_env, run_cli
 from .machine import REPO, Record, publish

@@ -42,6 +42,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from common import launch
 from common.compare import arguments, stats, tables
 from common.config import build_parser as training_parser
+from common.rundir.names import LAUNCH_LOG, SUMMARY_FILE
 
 from .jobs import add_places, JobFailed, children_cpu_s, run_cli, run_job, run_jobs_together, worker_command
 from .machine import Record, cores, figure_title, load_note, write_json
@@ -333,14 +334,14 @@ class Bench:
              dirs: List[Path]) -> Optional[Dict]:
         name = f"{case.name} {label} x{np} #{repeat + 1}"
         print(f"throughput: {name} ...", end=" ", flush=True)
-        logs = [d / "launch.log" if len(dirs) == 1 else d.parent / f"{d.name}.log" for d in dirs]
+        logs = [d / LAUNCH_LOG if len(dirs) == 1 else d.parent / f"{d.name}.log" for d in dirs]
         started, cpu_before = time.monotonic(), children_cpu_s()
         try:
             if len(cmds) == 1:
                 run_job(cmds[0], logs[0], self.args.timeout, env=case.env)
             else:
                 run_jobs_together(cmds, logs, self.args.timeout, env=case.env)
-            summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+            summaries = [json.loads((d / SUMMARY_FILE).read_text()) for d in dirs]
         except (JobFailed, OSError, ValueError) as exc:
             print("FAILED", flush=True)
             self.failures.append({"case": case.name, "label": label, "world_size": np, "repeat": repeat + 1,

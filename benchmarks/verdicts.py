@@ -28,7 +28,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from common import launch
 from common.compare import analysis, floor, tables, trajectory
-from common.compare.rundirs import read_run
+from common.rundir.names import LAUNCH_LOG, SUMMARY_FILE
+from common.rundir.reader import read_run
 
 from .jobs import JobFailed, add_places, run_cli, run_job
 from .machine import Record, publish
@@ -129,13 +130,13 @@ class Runner:
     def run(self, launcher: str, np: int, args: Sequence[str]) -> Optional[Path]:
         digest = hashlib.sha256(json.dumps([launcher, np, list(args)]).encode()).hexdigest()[:12]
         run_dir = self.work / f"{launcher}-{np}-{digest}"
-        if (run_dir / "summary.json").is_file():
+        if (run_dir / SUMMARY_FILE).is_file():
             return run_dir
         cmd = launch.get(launcher).command(np, [*args, "--run-dir", str(run_dir)])
         print(f"verdicts: {' '.join(cmd)}", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            run_job(cmd, run_dir / "launch.log", self.timeout_s)
+            run_job(cmd, run_dir / LAUNCH_LOG, self.timeout_s)
             self.launched += 1
             return run_dir
         except JobFailed as exc:

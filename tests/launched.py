@@ -14,6 +14,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from common import launch as launch_layer
+from common.rundir.names import TENSORBOARD_DIR
+from common.rundir.reader import read_files
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -129,22 +131,15 @@ def assert_every_rank_exited(launcher: str, output: str, world_size: int, code: 
 
 
 def read_run(run_dir: Path) -> Dict:
-    """config.json, summary.json, metrics events and model.pt of a run directory."""
-    run_dir = Path(run_dir)
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    return {
-        "config": json.loads((run_dir / "config.json").read_text()),
-        "summary": json.loads((run_dir / "summary.json").read_text()),
-        "events": events,
-        "model": torch.load(run_dir / "model.pt", weights_only=True),
-    }
+    """config.json, summary.json, metrics events and model.pt of a run directory (common.rundir.reader)."""
+    return read_files(run_dir)
 
 
 def tensorboard_scalars(run_dir: Path) -> Dict[str, List[Tuple[int, float]]]:
     """Every scalar series of RUN_DIR/tensorboard: tag -> [(step, value)]."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(Path(run_dir) / "tensorboard"))
+    acc = EventAccumulator(str(Path(run_dir) / TENSORBOARD_DIR))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 

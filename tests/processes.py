@@ -9,7 +9,7 @@ from typing import Optional
 import psutil
 
 from common.launch import Job as LaunchedJob, runs_module, still_running
-from common.rundir import events_so_far
+from common.rundir.reader import events_so_far
 from launched import REPO, job_env
 
 

@@ -51,7 +51,7 @@ def test_launcher_writes_complete_run_dir(runs, launcher):
 
     # model.pt is a plain state_dict (no DDP "module." prefix) that matches the summary's checksum.
     assert not any(k.startswith("module.") for k in run["model"])
-    from common.rundir import weights_sha256
+    from common.rundir.writer import weights_sha256
     assert weights_sha256(run["model"]) == summary["weights_sha256"]
     assert (run_dir / "model.pt.sha256").read_text().split()[0] == hashlib.sha256(
         (run_dir / "model.pt").read_bytes()).hexdigest()

@@ -14,7 +14,7 @@ from . import floor
 from .analysis import DEFAULT_TOLERANCE, FLOOR_MARGIN, weight_difference
 from .floor import DEFAULT_FLOOR_RUNS
 from .matrix import MatrixRunner, failure_record, plan, rerun_disturbed
-from .rundirs import check_comparable, number_repeats, read_run
+from common.rundir.reader import check_comparable, number_repeats, read_run
 from .sites import Hosts, SlurmAllocation, ThisHost
 
 PROG = "compare-backends"

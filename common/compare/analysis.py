@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 
 from . import gaps, stats, trajectory
 from .floor import JUDGED, OUTCOME
-from .rundirs import Run
+from common.rundir.reader import Run
 
 #: max |Δw| at or below which non-identical weights are called equal (summation order only)
 DEFAULT_TOLERANCE = 1e-5

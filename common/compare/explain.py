@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from .analysis import SAME_WITHIN, parity, relation
-from .rundirs import Run
+from common.rundir.reader import Run
 
 
 def is_variant(run: Run) -> bool:

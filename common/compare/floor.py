@@ -15,7 +15,7 @@ import json
 from typing import Callable, Dict, List, Optional
 
 from . import gaps, trajectory
-from .rundirs import DISTURBED, Run, learned_settings
+from common.rundir.reader import DISTURBED, Run, learned_settings
 #: disturbed runs per floor by default: chosen by measurement (docs/comparing.md, benchmarks/results/verdicts.json)
 DEFAULT_FLOOR_RUNS = 3
 #: the final metrics set beside the range of the floor's runs

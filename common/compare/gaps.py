@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .rundirs import Run
+from common.rundir.reader import Run
 
 #: how many of the tensors that differ most a gap names
 TOP = 3

@@ -13,7 +13,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from .. import launch
 from ..launch.remote import run_commands, shown as shown_commands
 from ..config import config_argv
-from .rundirs import DISTURBED, Run, read_run, run_name
+from common.rundir.reader import DISTURBED, Run, read_run, run_name
+from common.rundir.names import LAUNCH_LOG, LAUNCH_RECORD
 from .sites import ThisHost
 
 EPOCH_LINE = re.compile(r"^epoch (\d+) step (\d+)/(\d+)")
@@ -228,13 +229,13 @@ class MatrixRunner:
                           f"· elapsed {_fmt_seconds(time.monotonic() - started)} · ETA {_fmt_seconds(eta)}")
 
         result = run_commands(commands, timeout=self.timeout_s, env=launch.job_env(python=self.python), cwd=Path.cwd(),
-                              log=run_dir / "launch.log", on_line=progress)
+                              log=run_dir / LAUNCH_LOG, on_line=progress)
         lines = result.output.splitlines()
         if result.timed_out:
             lines.append(f"compare: error: run exceeded --run-timeout {self.timeout_s:.0f}s")
         returncode = result.returncode if not result.timed_out else (result.returncode or 124)
         error = None if returncode == 0 else _error_of(lines)
-        (run_dir / "launch.json").write_text(json.dumps(
+        (run_dir / LAUNCH_RECORD).write_text(json.dumps(
             {"command": shown, "commands": {host or "here": " ".join(cmd) for host, cmd in commands.items()},
              "placement": self.site.placement(planned.np), "returncode": returncode, "seconds": result.seconds,
              "name": planned.name, "backend": planned.label, "np": planned.np, "repeat": planned.repeat + 1},
@@ -258,7 +259,7 @@ def cells_differ(np: int, done: List[Outcome]) -> bool:
 def failure_record(outcome: Outcome) -> Dict:
     """A failed run as the report shows it."""
     return {"name": outcome.planned.name, "returncode": outcome.returncode, "error": outcome.error,
-            "command": outcome.command, "log": str(outcome.run_dir / "launch.log")}
+            "command": outcome.command, "log": str(outcome.run_dir / LAUNCH_LOG)}
 
 
 def rerun_disturbed(run: Run, count: int, out: Path, timeout_s: float,

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from . import floor, stats  # noqa: E402
-from .rundirs import Run  # noqa: E402
+from common.rundir.reader import Run  # noqa: E402
 
 PLOTS = {
     "curves": "curves.png",

@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..rundir import json_safe
+from common.rundir.writer import json_safe
+from common.rundir.names import SUMMARY_FILE
 from . import analysis, benchmarks, causes, explain, floor, plots
 from .tables import markdown as _table, number as _fmt
-from .rundirs import Run, setting_differences
+from common.rundir.reader import Run, setting_differences
 
 
 def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, notes: List[str],
@@ -66,7 +67,7 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
         "plots": figures,
         "benchmarks": benchmarks.summary(bench),
     }
-    (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, sort_keys=True) + "\n")
+    (out / SUMMARY_FILE).write_text(json.dumps(json_safe(summary), indent=2, sort_keys=True) + "\n")
     (out / "report.md").write_text(_markdown(summary, runs, benchmarks.markdown(bench)))
     return summary
 

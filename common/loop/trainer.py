@@ -31,8 +31,9 @@ from .optim import lr_at, make_optimizer, set_lr
 from .precision import Precision
 from .profiling import PROFILE_DIR, StepProfiler
 from .progress import epoch_bar
-from common.records import config_record, summary_record
-from common.rundir import RunDir
+from common.rundir.records import config_record, summary_record
+from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
+from common.rundir.writer import RunDir
 from common.exact.step import ExactStep
 from .stepping import AllreduceStep
 from .steptimer import StepTimer
@@ -306,7 +307,7 @@ class Trainer:
         backend, pos = self.backend, self.position
         backend.broadcast_buffers(self.plain_model)
         self.loss_watch.check()
-        self.check_weights("model.pt")
+        self.check_weights(MODEL_FILE)
         state = self.plain_model.state_dict()
         epochs_done = pos.epoch + (1 if pos.batch else 0)  # an epoch cut short by --max-steps counts
         summary = summary_record(self.config, backend, pos.step, epochs_done, pos.resumed_from,
@@ -314,7 +315,7 @@ class Trainer:
                                  self.timer.time_split(), train, evaluation, state, self.step.bytes_per_step())
         self.run_dir.log("summary", **summary)
         self.run_dir.save_model(state)
-        self.run_dir.write_json("summary.json", summary)
+        self.run_dir.write_json(SUMMARY_FILE, summary)
         if backend.is_main:
             print(f"done: {pos.step} steps, val_top1 {summary['val_top1']:.4f}, "
                   f"{summary['samples_per_s'] or 0:.0f} samples/s, run dir {os.path.abspath(self.config.run_dir)}",
@@ -443,7 +444,7 @@ class Trainer:
         pos = self.position
         self.run_dir = RunDir(self.config.run_dir, self.backend.is_main, tensorboard=self.config.tensorboard)
         self.run_dir.open(keep_until_step=pos.step if pos.resumed_from else None)
-        self.run_dir.write_json("config.json", config_record(
+        self.run_dir.write_json(CONFIG_FILE, config_record(
             self.config, self.backend, rank_hosts, self.threads, self.info, self.model_choice.record(),
             len(self.train_set), len(self.val_set), self.batches, self.precision.describe(), self.profiler.describe(), pos.resumed_from,
             buffers=[name for name, _ in self.plain_model.named_buffers()],

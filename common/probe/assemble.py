@@ -18,8 +18,9 @@ from typing import Dict, List
 
 import torch
 
-from ..records import versions
-from ..rundir import CONFIG_FILE, SUMMARY_FILE, RunDir, weights_sha256
+from common.rundir.records import versions
+from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
+from common.rundir.writer import RunDir, weights_sha256
 
 #: the probe's record files, per rank, inside the run directory
 PROBE_DIR = "probe"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional
 
+from .names import TENSORBOARD_DIR
+
 #: (event kind, field in the event) -> TensorBoard tag
 SCALARS = {
     ("step", "loss"): "train/batch_loss",
@@ -21,8 +23,6 @@ SCALARS = {
     ("eval", "val_top1"): "val/top1",
     ("eval", "val_top5"): "val/top5",
 }
-
-TENSORBOARD_DIR = "tensorboard"
 
 
 class TensorBoardSink:

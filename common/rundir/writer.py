@@ -10,16 +10,14 @@ import json
 import math
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
 from common.checkpoints.format import atomic_save
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-MODEL_FILE = "model.pt"
+from .names import METRICS_FILE, MODEL_FILE
+from .reader import events_so_far
 
 
 def weights_sha256(state_dict: Dict[str, torch.Tensor]) -> str:
@@ -42,22 +40,6 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
-
-
-def events_so_far(path) -> List[Dict[str, Any]]:
-    """The events in a run directory's metrics.jsonl now, while the run may still be writing it (a line
-    being written is left out); [] before the file exists."""
-    file = os.path.join(path, METRICS_FILE)
-    if not os.path.exists(file):
-        return []
-    events = []
-    with open(file) as f:
-        for line in f:
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass  # the line being written
-    return events
 
 
 class RunDir:
@@ -97,7 +79,7 @@ class RunDir:
         self._metrics = open(os.path.join(self.path, METRICS_FILE), "w", buffering=1)
         self._metrics.writelines(json.dumps(event, sort_keys=True) + "\n" for event in kept)
         if self.tensorboard:
-            from .tensorboard_log import TensorBoardSink
+            from .tensorboard import TensorBoardSink
 
             self._sink = TensorBoardSink(self.path, purge_step=None if keep_until_step is None
                                          else keep_until_step + 1)

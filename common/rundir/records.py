@@ -15,10 +15,10 @@ import torch
 
 from common.loop.backend import Backend
 from common.loop.batches import Batches
-from .config import Config
+from common.config import Config
 from common.inputs.data import DataInfo
-from .launch.placement import launcher_name
-from .rundir import weights_sha256
+from common.launch.placement import launcher_name
+from .writer import weights_sha256
 
 #: installed distributions whose versions can change the numbers (read from their metadata, not imported)
 VERSIONED = ("torch", "torchvision", "horovod")

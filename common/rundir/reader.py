@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..rundir import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SUMMARY_FILE
+from .names import CONFIG_FILE, LAUNCH_RECORD, METRICS_FILE, MODEL_FILE, RUN_FILES, SUMMARY_FILE
 
 #: settings that must be equal for runs to be compared at all
 MUST_MATCH = ("model", "dataset", "seed", "batch_size")
@@ -117,19 +118,52 @@ class Run:
 def read_run(path: Path) -> Run:
     """Load a run directory; ValueError naming the file when it is not a complete run."""
     path = Path(path)
-    missing = [n for n in (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, MODEL_FILE) if not (path / n).is_file()]
+    missing = [n for n in RUN_FILES if not (path / n).is_file()]
     if missing:
         raise ValueError(f"{path} is not a complete run directory: missing {', '.join(missing)}")
     try:
         config = json.loads((path / CONFIG_FILE).read_text())
         summary = json.loads((path / SUMMARY_FILE).read_text())
-        events = [json.loads(line) for line in (path / METRICS_FILE).read_text().splitlines() if line.strip()]
+        events = read_events(path)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: unreadable JSON ({exc})") from None
     launch = {}
-    if (path / "launch.json").is_file():
-        launch = json.loads((path / "launch.json").read_text())
+    if (path / LAUNCH_RECORD).is_file():
+        launch = json.loads((path / LAUNCH_RECORD).read_text())
     return Run(path, config, summary, events, launch=launch)
+
+
+def read_events(path) -> List[Dict]:
+    """Every event of a finished run's metrics.jsonl, in order."""
+    return [json.loads(line) for line in (Path(path) / METRICS_FILE).read_text().splitlines() if line.strip()]
+
+
+def events_so_far(path) -> List[Dict[str, Any]]:
+    """The events in a run directory's metrics.jsonl now, while the run may still be writing it (a line
+    being written is left out); [] before the file exists."""
+    file = os.path.join(path, METRICS_FILE)
+    if not os.path.exists(file):
+        return []
+    events = []
+    with open(file) as f:
+        for line in f:
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # the line being written
+    return events
+
+
+def read_files(path) -> Dict:
+    """A finished run's files as plain data: {"config", "summary", "events", "model"} (the model's state_dict
+    loaded weights_only), for the tests and the benchmarks that assert on what a run wrote."""
+    path = Path(path)
+    return {
+        "config": json.loads((path / CONFIG_FILE).read_text()),
+        "summary": json.loads((path / SUMMARY_FILE).read_text()),
+        "events": read_events(path),
+        "model": torch.load(path / MODEL_FILE, weights_only=True),
+    }
 
 
 def learned_settings(run: Run) -> Dict:
