@@ -35,9 +35,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from common.config import parse_config
-from common.launch.placement import default_threads, detect
 from common.inputs.data import make_loaders, open_datasets
 from common.inputs.models import build_model
+from common.launch.placement import default_threads, detect
 from common.loop.optim import make_optimizer
 from common.rundir.names import SUMMARY_FILE
 

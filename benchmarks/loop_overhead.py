@@ -28,11 +28,11 @@ import torch
 import torch.nn.functional as F
 
 from common.config import Config
-from common.loop.metrics import SumMeter
+from common.faults.liveness import Activity
 from common.inputs.models import build_model
+from common.loop.metrics import SumMeter
 from common.loop.optim import lr_at, make_optimizer, set_lr
 from common.rundir.writer import RunDir
-from common.faults.liveness import Activity
 
 from common.compare import tables
 from common.faults.stopping import CHECK_PERIOD_S, MAX_CHECK_EVERY

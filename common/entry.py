@@ -8,8 +8,8 @@ import os
 import sys
 from typing import Callable, NoReturn, Optional, Sequence, Tuple
 
-from .faults import sigterm_hold
 from .config import parse_config
+from .faults import sigterm_hold
 
 
 def main(argv: Optional[Sequence[str]], prog: str, description: str,

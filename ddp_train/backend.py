@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from common.loop.backend import Backend
 from common.config import UsageError
 from common.launch.placement import detect
+from common.loop.backend import Backend
 
 
 def _listening_socket(host: str, port: int) -> int:

@@ -11,9 +11,9 @@ import time
 
 import torch
 
-from common.loop.backend import Backend
 from common.config import UsageError
 from common.launch.placement import Placement, detect
+from common.loop.backend import Backend
 from common.loop.profiling import Trace
 
 from .launch import SIGKILL_GRACE_S

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional
 
-from . import format as ckpt_io
 from common.loop.backend import Backend
+from . import format as ckpt_io
 
 
 class Checkpointer:

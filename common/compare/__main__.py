@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..config import OneLineParser, build_parser, positive_int
+from common.rundir.reader import check_comparable, number_repeats, read_run
 from . import arguments, benchmarks, report, scripts
 from . import floor
+from ..config import OneLineParser, build_parser, positive_int
 from .analysis import DEFAULT_TOLERANCE, FLOOR_MARGIN, weight_difference
 from .floor import DEFAULT_FLOOR_RUNS
 from .matrix import MatrixRunner, failure_record, plan, rerun_disturbed
-from common.rundir.reader import check_comparable, number_repeats, read_run
 from .sites import Hosts, SlurmAllocation, ThisHost
 
 PROG = "compare-backends"

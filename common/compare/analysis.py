@@ -5,9 +5,9 @@ from __future__ import annotations
 from itertools import combinations
 from typing import Dict, List, Optional
 
+from common.rundir.reader import Run
 from . import gaps, stats, trajectory
 from .floor import JUDGED, OUTCOME
-from common.rundir.reader import Run
 
 #: max |Δw| at or below which non-identical weights are called equal (summation order only)
 DEFAULT_TOLERANCE = 1e-5

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from .analysis import SAME_WITHIN, parity, relation
 from common.rundir.reader import Run
+from .analysis import SAME_WITHIN, parity, relation
 
 
 def is_variant(run: Run) -> bool:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Callable, Dict, List, Optional
 
-from . import gaps, trajectory
 from common.rundir.reader import DISTURBED, Run, learned_settings
+from . import gaps, trajectory
 #: disturbed runs per floor by default: chosen by measurement (docs/comparing.md, benchmarks/results/verdicts.json)
 DEFAULT_FLOOR_RUNS = 3
 #: the final metrics set beside the range of the floor's runs

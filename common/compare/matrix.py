@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .. import launch
-from ..launch.remote import run_commands, shown as shown_commands
-from ..config import config_argv
-from common.rundir.reader import DISTURBED, Run, read_run, run_name
 from common.rundir.names import LAUNCH_LOG, LAUNCH_RECORD
+from common.rundir.reader import DISTURBED, Run, read_run, run_name
+from .. import launch
+from ..config import config_argv
+from ..launch.remote import run_commands, shown as shown_commands
 from .sites import ThisHost
 
 EPOCH_LINE = re.compile(r"^epoch (\d+) step (\d+)/(\d+)")

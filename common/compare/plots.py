@@ -12,8 +12,8 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from . import floor, stats  # noqa: E402
 from common.rundir.reader import Run  # noqa: E402
+from . import floor, stats  # noqa: E402
 
 PLOTS = {
     "curves": "curves.png",

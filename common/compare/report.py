@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from common.rundir.writer import json_safe
 from common.rundir.names import SUMMARY_FILE
+from common.rundir.reader import Run, setting_differences
+from common.rundir.writer import json_safe
 from . import analysis, benchmarks, causes, explain, floor, plots
 from .tables import markdown as _table, number as _fmt
-from common.rundir.reader import Run, setting_differences
 
 
 def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, notes: List[str],

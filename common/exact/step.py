@@ -25,13 +25,13 @@ from typing import List, Tuple
 import torch
 import torch.nn.functional as F
 
+from common.config import Config
 from common.loop.backend import Backend
 from common.loop.batches import Batches
-from common.config import Config
 from common.loop.finite import NonFinite
-from .fixedpoint import FixedPoint, tensor_maxima
 from common.loop.metrics import SumMeter
 from common.loop.precision import Precision
+from .fixedpoint import FixedPoint, tensor_maxima
 from .shardstats import ShardStatistics
 
 

@@ -18,8 +18,8 @@ import sys
 import time
 from typing import List, Optional
 
-from common.loop.backend import Backend
 from common.config import print_error
+from common.loop.backend import Backend
 from .liveness import PeerState
 from .watchdog import CollectiveWatchdog
 

@@ -18,8 +18,8 @@ from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
-from common.launch.placement import Placement
 from common.faults.liveness import Activity, Liveness
+from common.launch.placement import Placement
 
 
 @dataclass(frozen=True)

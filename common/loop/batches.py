@@ -14,9 +14,9 @@ from typing import Iterator, List
 
 import torch
 
-from .backend import Backend
 from common.config import Config, UsageError, exact_global_batch
 from common.inputs.data import make_loaders
+from .backend import Backend
 
 
 class Batches:

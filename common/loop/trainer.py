@@ -12,32 +12,32 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from common.checkpoints import format as ckpt_io
-from common.faults import sigterm_hold
-from .backend import Backend, Tuning
-from .batches import Batches
 from common.checkpoints.during_run import Checkpointer
 from common.config import AMP_FP16_NEEDS_CUDA, Config, UsageError, fail_usage, print_error
+from common.exact.step import ExactStep
+from common.faults import sigterm_hold
+from common.faults.stopping import Interrupted, StopControl
 from common.inputs.data import open_datasets
-from .evaluation import evaluate
-from .finite import LossWatch, NonFinite, nonfinite_tensors, weights_message
-from .fingerprint import parameter_names, weight_norms
-from common.launch.placement import default_threads
-from .metrics import SumMeter
-from common.inputs.modelcheck import check_trainable
-from common.inputs.perturb import perturb_ulp
-from common.inputs.models import build_model, choose_model, gradient_bytes
 from common.inputs.factories import parse_literals
+from common.inputs.modelcheck import check_trainable
+from common.inputs.models import build_model, choose_model, gradient_bytes
+from common.inputs.perturb import perturb_ulp
+from common.launch.placement import default_threads
+from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
+from common.rundir.records import config_record, summary_record
+from common.rundir.writer import RunDir
+from .backend import Backend, Tuning
+from .batches import Batches
+from .evaluation import evaluate
+from .fingerprint import parameter_names, weight_norms
+from .finite import LossWatch, NonFinite, nonfinite_tensors, weights_message
+from .metrics import SumMeter
 from .optim import lr_at, make_optimizer, set_lr
 from .precision import Precision
 from .profiling import PROFILE_DIR, StepProfiler
 from .progress import epoch_bar
-from common.rundir.records import config_record, summary_record
-from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
-from common.rundir.writer import RunDir
-from common.exact.step import ExactStep
 from .stepping import AllreduceStep
 from .steptimer import StepTimer
-from common.faults.stopping import Interrupted, StopControl
 
 TRAIN_METRICS = ["loss", "correct"]
 #: intra-op threads per process in --reduction exact unless --threads says otherwise

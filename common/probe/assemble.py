@@ -18,8 +18,8 @@ from typing import Dict, List
 
 import torch
 
-from common.rundir.records import versions
 from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
+from common.rundir.records import versions
 from common.rundir.writer import RunDir, weights_sha256
 
 #: the probe's record files, per rank, inside the run directory

@@ -12,8 +12,8 @@ from typing import Callable, List, NoReturn, Optional
 import torch
 
 from common.inputs.perturb import perturb_ulp
-from ..launch.placement import Placement
 from . import assemble
+from ..launch.placement import Placement
 from .hooks import Hooks, distributed_world, unwrap
 from .recorder import Recorder, tensor_norms
 

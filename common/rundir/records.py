@@ -13,11 +13,11 @@ from typing import Dict, List, Optional
 import psutil
 import torch
 
-from common.loop.backend import Backend
-from common.loop.batches import Batches
 from common.config import Config
 from common.inputs.data import DataInfo
 from common.launch.placement import launcher_name
+from common.loop.backend import Backend
+from common.loop.batches import Batches
 from .writer import weights_sha256
 
 #: installed distributions whose versions can change the numbers (read from their metadata, not imported)
