@@ -1,4 +1,6 @@
-"""The shape of the code: `common` imports no backend, and no modules import each other in a cycle."""
+"""The shape of the code: `common` imports no backend, each package imports only what docs/architecture.md
+allows it, no modules import each other in a cycle, and the run directory's file names are spelled only in
+`common/rundir/`."""
 
 from __future__ import annotations
 
@@ -8,6 +10,39 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "ddp_train", "hvd_train", "benchmarks")
+
+#: what each part of the project may import of the project besides itself (docs/architecture.md draws it)
+ALLOWED = {
+    "common.launch": set(),
+    "common.config": {"common.launch"},
+    "common.inputs": {"common.config"},
+    "common.exact": {"common.config", "common.loop"},
+    "common.checkpoints": {"common.loop"},
+    "common.faults": {"common.config", "common.loop"},
+    "common.loop": {"common.config", "common.faults", "common.inputs", "common.launch"},
+    "common.rundir": {"common.checkpoints", "common.config", "common.inputs", "common.launch", "common.loop"},
+    "common.doctor": {"common.launch"},
+    "common.compare": {"common.config", "common.doctor", "common.launch", "common.rundir"},
+    "common.probe": {"common.config", "common.inputs", "common.launch", "common.rundir"},
+    "common.entry": {"common.config", "common.faults", "common.loop"},
+    "ddp_train": {"common.config", "common.entry", "common.launch", "common.loop"},
+    "hvd_train": {"common.checkpoints", "common.config", "common.doctor", "common.entry", "common.launch",
+                  "common.loop"},
+    "benchmarks": {"common.compare", "common.config", "common.exact", "common.faults", "common.inputs",
+                   "common.launch", "common.loop", "common.rundir", "hvd_train"},
+}
+#: modules that may import more than their package: the loop's composition root
+MORE = {"common.loop.trainer": {"common.checkpoints", "common.exact", "common.rundir"}}
+#: modules that may import only these modules of the project: what other parts build on stays small
+ONLY = {
+    "common.rundir.names": set(),
+    "common.rundir.reader": {"common.rundir.names"},
+    "common.checkpoints.format": set(),
+    "common.exact.fixedpoint": set(),
+    "common.exact.shardstats": set(),
+}
+#: the run directory's files, named only in common/rundir/names.py
+RUN_FILES = ("config.json", "summary.json", "metrics.jsonl", "model.pt")
 
 
 def _modules():
@@ -46,6 +81,62 @@ def test_common_imports_no_backend():
                     re.search(r"\b(hvd_train|ddp_train)\.\w+", line) and "import" in line:
                 offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert not offenders, "common/ must not import a backend:\n" + "\n".join(offenders)
+
+
+def _part(name: str) -> str:
+    """The part of the project a module belongs to: common's package (or top-level module), or a top package."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "common" and len(parts) > 1 else parts[0]
+
+
+def test_each_part_imports_only_what_it_may():
+    modules = _modules()
+    offenders = []
+    for name, path in sorted(modules.items()):
+        part = _part(name)
+        allowed = ALLOWED.get(part, set()) | MORE.get(name, set())
+        for target in sorted(_imports(name, path, modules)):
+            if target == "common" or _part(target) == part:
+                continue
+            if _part(target) not in allowed:
+                offenders.append(f"{name} imports {target}: {part} may import only {sorted(ALLOWED.get(part, ()))}")
+    assert not offenders, "imports across the layout's rules (tests/test_architecture.py ALLOWED):\n" + \
+        "\n".join(offenders)
+
+
+def test_small_modules_stay_small():
+    modules = _modules()
+    offenders = [f"{name} imports {target}" for name, only in ONLY.items()
+                 for target in sorted(_imports(name, modules[name], modules) - only)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_only_the_entry_point_runs_the_trainer():
+    modules = _modules()
+    importers = sorted(name for name, path in modules.items() if "common.loop.trainer" in _imports(name, path, modules))
+    assert importers == ["common.entry"], importers
+
+
+def test_backends_and_benchmarks_keep_apart():
+    modules = _modules()
+    offenders = [f"{name} imports {target}" for name, path in sorted(modules.items())
+                 for target in _imports(name, path, modules)
+                 if {_part(name), _part(target)} == {"ddp_train", "hvd_train"}
+                 or (_part(name) == "benchmarks" and _part(target) == "ddp_train")]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_run_directory_names_are_spelled_in_one_place():
+    literal = re.compile(r"""["'/](%s)["']""" % "|".join(re.escape(n) for n in RUN_FILES))
+    offenders = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if path.is_relative_to(REPO / "common" / "rundir"):
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if literal.search(line):
+                    offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert not offenders, "use common.rundir.names, not the file names:\n" + "\n".join(offenders)
 
 
 def test_no_import_cycles():

@@ -3,7 +3,7 @@ both backends implement, this rank's `batches`, one data-parallel optimizer step
 meters and clocks (`metrics`, `steptimer`), the learning rate (`optim`), `precision`, `profiling`,
 `progress`, `finite` checks and the weights' `fingerprint`.
 
-May import `common.config`, `common.launch` and `common.faults`; only `trainer`, the composition root that
-`common.entry` runs, also imports `common.inputs`, `common.exact`, `common.checkpoints` and `common.rundir`.
-Never a backend, `common.compare` or `common.probe`.
+May import `common.config`, `common.launch`, `common.faults` and `common.inputs`; only `trainer`, the
+composition root that `common.entry` alone imports, also imports `common.exact`, `common.checkpoints` and
+`common.rundir`. Never a backend, `common.compare` or `common.probe`.
 """
