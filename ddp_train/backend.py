@@ -49,6 +49,10 @@ def _loopback_interface():
     return None
 
 
+#: torch's default comm hooks divide each bucket by the process group's size, then allreduce the sum
+HOOK_DIVIDES = {"allreduce_hook": "before_sum", "fp16_compress_hook": "before_sum"}
+
+
 class DDPBackend(Backend):
     """torch.distributed with gloo on CPU and NCCL on GPU, DistributedDataParallel for gradients."""
 
@@ -64,6 +68,8 @@ class DDPBackend(Backend):
         self._local_world = placement.local_world_size
         self._ddp = None
         self._last_bucket_time = None
+        #: what DDP itself says it was built with (its logging data), read once wrap() has built it
+        self._ddp_built = {}
 
     def placement(self):
         return self._placement
@@ -173,6 +179,8 @@ class DDPBackend(Backend):
             "broadcast_buffers": False,
             "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
             "bucket_cap_mb": self.tuning.bucket_mb,
+            "ddp_built": self._ddp_built,  # read from DDP once built, not what it was given
+            "divide_by_world_size": HOOK_DIVIDES.get(self._ddp_built.get("hook_averages_with")),
             "comm_hook": "fp16_compress_hook" if self.tuning.compression == "fp16" else "allreduce_hook",
             "compression": self.tuning.compression,
             "gradient_average": ("float16: divide by world size, then allreduce sum (fp16_compress_hook)"
@@ -203,6 +211,10 @@ class DDPBackend(Backend):
 
         ddp.register_comm_hook(state=None, hook=timed_allreduce)
         self._ddp = ddp
+        logged = ddp._get_ddp_logging_data()  # DDP's own record of its reducer: its bucket cap, its hook
+        self._ddp_built = {"bucket_cap_bytes": logged.get("bucket_cap_bytes"),
+                           "comm_hook": logged.get("comm_hook"),
+                           "hook_averages_with": reduce.__name__}
         return ddp, optimizer
 
     def unwrap(self, model):

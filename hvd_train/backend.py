@@ -170,6 +170,8 @@ class HorovodBackend(Backend):
             "nccl_built": bool(hvd.nccl_built()),
             "fusion_threshold_bytes": self.fusion_threshold_bytes,  # init() always sets it from --bucket-mb
             "fusion_threshold_env_overridden": getattr(self, "_env_fusion_threshold", None),
+            # what Horovod reads at init: the environment this process handed it
+            "fusion_threshold_env": os.environ.get("HOROVOD_FUSION_THRESHOLD"),
             "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", "1") or 1),
             "cycle_time_source": getattr(self, "cycle_time_source", None),
             "mpi_yield_when_idle": os.environ.get(MPI_YIELD_VARIABLE) if hvd.mpi_enabled() else None,
@@ -178,6 +180,7 @@ class HorovodBackend(Backend):
             "mpi_btl_source": getattr(self, "mpi_btl_source", None) if hvd.mpi_enabled() else None,
             "compression": self.tuning.compression,
             "gradient_average": self._gradient_average(),
+            **self._averaging(),
             "deterministic": self.tuning.deterministic,
             "predivide": self.tuning.predivide,
             "wait": getattr(self, "wait", None),
@@ -187,6 +190,17 @@ class HorovodBackend(Backend):
             "trace": "Horovod timeline (HOROVOD_TIMELINE=DYNAMIC, start_timeline/stop_timeline)"
                      if self.tuning.profile else None,
         }
+
+    def _averaging(self) -> dict:
+        """How the DistributedOptimizer that wrap() built averages: its op and predivide factor, read from it."""
+        optimizer = getattr(self, "_distributed_optimizer", None)
+        if optimizer is None:
+            return {"allreduce_op": None, "gradient_predivide_factor": None, "divide_by_world_size": None}
+        op = {self.hvd.Average: "Average", self.hvd.Sum: "Sum"}.get(optimizer.op, str(optimizer.op))
+        factor = float(optimizer.gradient_predivide_factor)
+        order = "before_sum" if op == "Average" and factor == float(self.world_size) != 1.0 else \
+            "after_sum" if op == "Average" else None
+        return {"allreduce_op": op, "gradient_predivide_factor": factor, "divide_by_world_size": order}
 
     def _gradient_average(self) -> str:
         """How this backend averages gradients, in words, for config.json."""
@@ -221,6 +235,7 @@ class HorovodBackend(Backend):
                                              op=hvd.Average, compression=compression,
                                              backward_passes_per_step=self.tuning.accumulate,
                                              gradient_predivide_factor=predivide)
+        self._distributed_optimizer = optimizer
         return model, optimizer
 
     @contextlib.contextmanager

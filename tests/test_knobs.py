@@ -40,12 +40,15 @@ def test_knobs_keep_world_size_2_parity(runs):
 
 
 def test_bucket_size_reaches_both_backends(runs):
+    """What each backend got, as it reports it: DDP's own logging data (its reducer's bucket cap),
+    and the HOROVOD_FUSION_THRESHOLD this process handed Horovod at init; not the option they were given."""
     ddp, hvd = knobs(runs, "torchrun").run["config"], knobs(runs, "horovodrun-gloo").run["config"]
-    assert ddp["backend"]["bucket_cap_mb"] == 0.001
-    assert hvd["backend"]["fusion_threshold_bytes"] == int(0.001 * 1024 * 1024)
+    small = int(0.001 * 1024 * 1024)
+    assert ddp["backend"]["ddp_built"]["bucket_cap_bytes"] == small
+    assert hvd["backend"]["fusion_threshold_env"] == str(small)
     # The default matches DDP's own: 25 MB on both.
-    assert mlp_run(runs, "horovodrun-gloo").run["config"]["backend"]["fusion_threshold_bytes"] == 25 * 1024 * 1024
-    assert mlp_run(runs, "torchrun").run["config"]["backend"]["bucket_cap_mb"] == 25
+    assert mlp_run(runs, "torchrun").run["config"]["backend"]["ddp_built"]["bucket_cap_bytes"] == 25 * 1024 * 1024
+    assert mlp_run(runs, "horovodrun-gloo").run["config"]["backend"]["fusion_threshold_env"] == str(25 * 1024 * 1024)
 
 
 def test_accumulation_counts_optimizer_steps(runs):
@@ -207,10 +210,17 @@ def test_open_mpi_settings_follow_the_job_unless_the_user_sets_them(runs):
 def test_deterministic_horovod_repeats_its_bits_at_3_ranks(runs):
     """--deterministic: Horovod reduces every tensor alone (no fusion, whose grouping follows timing), so two
     runs at 3 ranks, where the grouping of a sum changes its bits, end with the same weights."""
-    args = CONVNET_ADAM + ["--max-steps", "12", "--deterministic"]
-    first = runs("horovodrun-gloo", 3, args).run
-    again = runs("horovodrun-gloo", 3, args + ["--log-every", "2"]).run  # another launch, the same numbers
+    args = CONVNET_ADAM + ["--max-steps", "12"]
+    first = runs("horovodrun-gloo", 3, args + ["--deterministic"]).run
+    again = runs("horovodrun-gloo", 3, args + ["--deterministic", "--log-every", "2"]).run  # another launch
     assert first["summary"]["weights_sha256"] == again["summary"]["weights_sha256"]
-    backend = first["config"]["backend"]
-    assert first["config"]["config"]["deterministic"] is True
-    assert backend["deterministic"] is True and backend["fusion_threshold_bytes"] == 0
+    for run in (first, again):
+        backend = run["config"]["backend"]
+        assert run["config"]["config"]["deterministic"] is True and backend["deterministic"] is True
+        # what Horovod read at init: no fusion
+        assert backend["fusion_threshold_env"] == "0" and backend["fusion_threshold_bytes"] == 0
+    # The control, the same run without --deterministic: Horovod fuses (its repeats may differ, so only
+    # what it was handed is compared); had --deterministic done nothing, the two would read the same.
+    control = runs("horovodrun-gloo", 3, args).run["config"]["backend"]
+    assert control["deterministic"] is False
+    assert control["fusion_threshold_env"] == str(25 * 1024 * 1024) != first["config"]["backend"]["fusion_threshold_env"]
