@@ -23,7 +23,7 @@ ALLOWED = {
     "common.rundir": {"common.checkpoints", "common.config", "common.inputs", "common.launch", "common.loop"},
     "common.doctor": {"common.launch"},
     "common.compare": {"common.config", "common.doctor", "common.launch", "common.rundir"},
-    "common.probe": {"common.config", "common.inputs", "common.launch", "common.rundir"},
+    "common.probe": {"common.checkpoints", "common.config", "common.inputs", "common.launch", "common.rundir"},
     "common.entry": {"common.config", "common.faults", "common.loop"},
     "ddp_train": {"common.config", "common.entry", "common.launch", "common.loop"},
     "hvd_train": {"common.checkpoints", "common.config", "common.doctor", "common.entry", "common.launch",

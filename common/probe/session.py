@@ -3,7 +3,6 @@ probe can follow, and, on rank 0, the run directory when every rank has ended.""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import time
@@ -11,22 +10,15 @@ from typing import Callable, List, NoReturn, Optional
 
 import torch
 
+from common.checkpoints.format import file_sha256
 from common.inputs.perturb import perturb_ulp
+from common.launch.placement import Placement
 from . import assemble
-from ..launch.placement import Placement
 from .hooks import Hooks, distributed_world, unwrap
 from .recorder import Recorder, tensor_norms
 
 #: how long rank 0 waits, once its script has ended, for the other ranks' records to end
 WAIT_S = 120.0
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class Session:
