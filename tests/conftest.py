@@ -10,6 +10,7 @@ import pytest  # noqa: E402
 from cluster import cluster  # noqa: E402,F401  (the simulated two-host cluster, one per session)
 from launched import PY, Runs  # noqa: E402
 from settings import ACROSS_HOSTS  # noqa: E402
+from common.rundir.names import SUMMARY_FILE  # noqa: E402
 
 # A suite started in the background (`make test &`, nohup in a script) inherits SIGINT ignored, and so would
 # every job it starts; the tests send SIGINT as a terminal's Ctrl-C does, so jobs start with the default.
@@ -37,7 +38,7 @@ def across_hosts(cluster, tmp_path_factory):
                                    "--repeats", "1", "--hvd-controllers", "gloo,mpi", "--explain", "none",
                                    "--floor-runs", "1", *ACROSS_HOSTS, "--out", str(out)], timeout=400)
     assert result.returncode == 0, result.output[-4000:]
-    return result, out, json.loads((out / "summary.json").read_text())
+    return result, out, json.loads((out / SUMMARY_FILE).read_text())
 
 
 # Modules that use the simulated cluster: it is one per machine, so they run on one worker, one after another,

@@ -11,6 +11,7 @@ from typing import Dict, Tuple
 import pytest
 
 from launched import PY, Result, assert_every_rank_exited, command, launch, run_cmd
+from common.rundir.names import SUMMARY_FILE
 
 BAD_INPUTS = {
     "missing-data-dir": (["--dataset", "mnist", "--data-dir", "/nonexistent/mnist"], "is not a directory"),
@@ -48,7 +49,7 @@ def test_unknown_horovod_wait_is_one_line_and_exit_2(tmp_path):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert lines == ["hvd_train: error: HVD_TRAIN_WAIT='busy': choose spin or poll, or unset it (poll on CPU, "
                      "spin on a GPU)"], result.output
-    assert not (tmp_path / "run" / "summary.json").exists()
+    assert not (tmp_path / "run" / SUMMARY_FILE).exists()
 
 
 TWO_RANK_LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
@@ -95,7 +96,7 @@ def test_bad_input_with_two_ranks_every_rank_prints_its_line_and_exits_2(refused
         assert len(mine) == 1 and expected in mine[0], f"rank {rank}:\n{result.output[-3000:]}"
     assert_every_rank_exited(launcher, result.output, 2, 2)
     _no_traceback_of_ours(result.output)
-    assert not (run_dir / "summary.json").exists()
+    assert not (run_dir / SUMMARY_FILE).exists()
 
 
 def test_unwritable_run_dir_is_refused(tmp_path):

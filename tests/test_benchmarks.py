@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from launched import PY, REPO, run_cmd
+from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
 # The first test's setup is the QUICK run of every step, which takes minutes while another worker runs too.
 pytestmark = pytest.mark.timeout(900)
@@ -175,11 +176,11 @@ def test_throughput_reports_overhead_and_both_loop_ratios(quick):
     for label, data_path in (("bare-ddp", "seed"), ("bare-ddp-batched", "batched")):
         assert "torchrun" in runs[label]["command"] and f"benchmarks.bare_ddp --data-path {data_path}" in \
             runs[label]["command"]
-        summary = json.loads((Path(runs[label]["run_dirs"][0]) / "summary.json").read_text())
+        summary = json.loads((Path(runs[label]["run_dirs"][0]) / SUMMARY_FILE).read_text())
         assert summary["data_path"] == data_path and summary["steps"] == 3
     assert len(runs["independent"]["run_dirs"]) == 2
     for run_dir in runs["independent"]["run_dirs"]:
-        assert json.loads((Path(run_dir) / "summary.json").read_text())["world_size"] == 1
+        assert json.loads((Path(run_dir) / SUMMARY_FILE).read_text())["world_size"] == 1
     assert "loop/seed" in output and "loop/batched" in output
 
 
@@ -194,7 +195,7 @@ def test_sweep_auto_leaves_the_variable_to_the_program(quick):
     chosen = []
     for case in data["cases"]:
         (run,) = case["runs"]
-        assert json.loads((Path(run["run_dirs"][0]) / "config.json").read_text())["config"]["threads"] == 1
+        assert json.loads((Path(run["run_dirs"][0]) / CONFIG_FILE).read_text())["config"]["threads"] == 1
         options = run["backend_options"]
         chosen.append((options["cycle_time_ms"], options["cycle_time_source"]))
     # The exported value did not reach the auto run: hvd_train chose (convnet is small: Horovod's 1 ms).
@@ -321,7 +322,7 @@ def test_report_shows_the_benchmarks(quick, tmp_path, capsys):
     report_dir = tmp_path / "report"
     assert compare(["--runs", str(run), "--bench", str(out), "--out", str(report_dir)]) == 0
     report = (report_dir / "report.md").read_text()
-    summary = json.loads((report_dir / "summary.json").read_text())
+    summary = json.loads((report_dir / SUMMARY_FILE).read_text())
     assert "## Benchmarks" in report and "### Allreduce bandwidth" in report and "### Training throughput" in report
     for s in read(out, "allreduce.json")["series"]:
         assert f"{s['results'][-1]['busbw_GBps']:.2f} GB/s" in report

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from launched import launch, read_run, step_losses, tensorboard_scalars
+from common.rundir.names import MODEL_FILE, SUMMARY_FILE
 
 ARGS = ["--model", "convnet", "--optimizer", "adam", "--lr", "0.002", "--weight-decay", "0.01", "--epochs", "3",
         "--threads", "1", "--accumulate", "2", "--tensorboard"]
@@ -154,7 +155,7 @@ def test_non_finite_weights_never_reach_a_checkpoint(tmp_path):
     for rank in range(2):
         assert f"[rank {rank}] ddp_train: error: non-finite values in " in result.output, result.output[-3000:]
     assert "checkpoint not written (the last good checkpoint is kept)" in result.output
-    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "model.pt").exists()
+    assert not (tmp_path / SUMMARY_FILE).exists() and not (tmp_path / MODEL_FILE).exists()
     from common.checkpoints.format import find_newest_valid
     good, _, problems = find_newest_valid(str(tmp_path))
     assert good is not None and not problems and _all_finite(good["model"])
@@ -165,7 +166,7 @@ def test_non_finite_loss_stops_at_once(tmp_path):
                                     "--threads", "1", "--run-dir", str(tmp_path)])
     assert result.returncode == 1
     assert "ddp_train: error: loss is nan" in result.output or "ddp_train: error: loss is inf" in result.output
-    assert not (tmp_path / "summary.json").exists()
+    assert not (tmp_path / SUMMARY_FILE).exists()
     from common.checkpoints.format import find_newest_valid
     good, _, problems = find_newest_valid(str(tmp_path))
     assert good is not None and not problems and _all_finite(good["model"])

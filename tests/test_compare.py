@@ -14,6 +14,7 @@ from PIL import Image
 
 from launched import PY, max_abs_diff, read_run, run_cmd
 from settings import ADAM_LR, convnet_run, mlp_run
+from common.rundir.names import SUMMARY_FILE
 
 PLOTS = ("curves.png", "throughput.png", "scaling_efficiency.png", "time_split.png", "parity.png")
 SHORT = ["--model", "mlp", "--epochs", "2", "--max-steps", "12", "--threads", "1"]
@@ -47,7 +48,7 @@ def test_default_matrix_runs_world_sizes_1_to_3_and_explains(default_matrix):
     # One line per run started and finished, epoch progress with an ETA.
     assert output.count("starting ") == len(expected) and output.count("finished ") == len(expected)
     assert "ETA" in output and "epoch 1 step" in output
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / SUMMARY_FILE).read_text())
     assert sorted(r["name"] for r in summary["runs"]) == sorted(expected)
     assert list(summary["noise_floors"]) == ["3"]
     for run in summary["runs"]:
@@ -65,7 +66,7 @@ def _runs_by_name(summary):
 
 def test_report_verdicts_match_the_run_directories(default_matrix):
     out, _ = default_matrix
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / SUMMARY_FILE).read_text())
     report = (out / "report.md").read_text()
     runs = _runs_by_name(summary)
     for world in (1, 2):  # bitwise at 1 and 2 ranks, as the weights themselves say
@@ -104,7 +105,7 @@ def test_failed_run_is_reported_and_the_rest_still_compared(tmp_path):
                      env={"PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"})
     assert result.returncode == 1, result.output[-3000:]
     assert "FAILED horovod-mpi@1#1" in result.output
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / SUMMARY_FILE).read_text())
     assert [f["name"] for f in summary["failures"]] == ["horovod-mpi@1#1"]
     assert "MPI is broken on this host" in summary["failures"][0]["error"]
     assert sorted(r["name"] for r in summary["runs"]) == ["ddp@1#1", "horovod-gloo@1#1"]
@@ -116,7 +117,7 @@ def test_runs_made_by_hand_with_torchrun_and_horovodrun(runs, tmp_path):
     ddp, hvd = mlp_run(runs, "torchrun"), mlp_run(runs, "horovodrun-gloo")
     result = compare("--runs", ddp.dir, hvd.dir, "--out", tmp_path)
     assert result.returncode == 0, result.output
-    (pair,) = [p for p in json.loads((tmp_path / "summary.json").read_text())["parity"] if p["kind"] == "backends"]
+    (pair,) = [p for p in json.loads((tmp_path / SUMMARY_FILE).read_text())["parity"] if p["kind"] == "backends"]
     assert ddp.run["summary"]["weights_sha256"] == hvd.run["summary"]["weights_sha256"]
     assert pair["verdict"] == "bitwise identical" and pair["first_differing_step"] is None
     assert "**bitwise identical**" in (tmp_path / "report.md").read_text()
@@ -151,7 +152,7 @@ def test_runs_differing_only_in_seed_are_beyond_the_noise_floor_from_the_first_s
     assert refused.returncode == 2 and "seed differs" in refused.output
     result = compare("--runs", seed1, seed2, "--out", tmp_path, "--force")
     assert result.returncode == 0, result.output
-    (pair, *_) = json.loads((tmp_path / "summary.json").read_text())["parity"]
+    (pair, *_) = json.loads((tmp_path / SUMMARY_FILE).read_text())["parity"]
     assert (pair["a"], pair["b"], pair["kind"]) == ("ddp[seed=42]@1#1", "ddp[seed=2]@1#1", "settings")
     assert pair["first_differing_step"] == 1 and pair["trains_differently_from"] == 1
     assert pair["verdict"].startswith("beyond the noise floor: trains differently from step 1"), pair["verdict"]
@@ -167,7 +168,7 @@ def test_divergence_is_found_at_the_step_it_starts(runs, tmp_path):
     assert next(i + 1 for i, (x, y) in enumerate(zip(losses_a, losses_b)) if x != y) == 12
     result = compare("--runs", plain.dir, decay.dir, "--out", tmp_path, "--noise-floor", "off")
     assert result.returncode == 0, result.output
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((tmp_path / SUMMARY_FILE).read_text())
     (pair,) = summary["parity"]
     assert pair["first_differing_step"] == 12 and "first differing step 12; the learning rate differs from step 11 " \
         "(0.05 vs 0.005); noise floor unknown" in pair["verdict"]

@@ -19,6 +19,7 @@ from cluster import on_host
 from common.launch import Job
 from launched import PY, REPO, job_env, read_run, run_cmd
 from processes import assert_nothing_left, job_processes
+from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
 pytestmark = pytest.mark.multinode
 
@@ -39,7 +40,7 @@ def test_compare_runs_every_backend_across_both_hosts(across_hosts):
     floor = ["ddp+perturbed1@4#1"] if differ else []
     assert sorted(runs) == sorted(["ddp@4#1", "horovod-gloo@4#1", "horovod-mpi@4#1"] + floor)
     for run in runs.values():
-        config = json.loads((Path(run["path"]) / "config.json").read_text())
+        config = json.loads((Path(run["path"]) / CONFIG_FILE).read_text())
         assert sorted(config["rank_hosts"]) == ["node0", "node0", "node1", "node1"], run["name"]
         assert run["launch"]["placement"] == "node0:2,node1:2"
     # torchrun was started on each host; Horovod once, from node0.
@@ -85,7 +86,7 @@ def test_host_that_drops_off_fails_its_run_naming_it_and_the_others_complete(clu
     assert proc.returncode == 1, output[-4000:]
     # Within --timeout (the collective's own, then the liveness check that names the host) plus a margin.
     assert failed_after < timeout_s + 15, f"the run took {failed_after:.0f} s to fail after the link went down"
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / SUMMARY_FILE).read_text())
     failure, = summary["failures"]
     assert failure["name"] == "ddp@4#1"
     assert re.search(r"ranks? [\d, ]+\(node1\) stopped taking part", failure["error"]), failure["error"]
@@ -159,7 +160,7 @@ def test_readme_two_node_commands_train_equal_at_world_size_8_with_the_cause_mea
     out = tmp_path / "report"
     result = run_cmd([*COMPARE, "--runs", *map(str, dirs.values()), "--out", str(out)], timeout=180)
     assert result.returncode == 0, result.output[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / SUMMARY_FILE).read_text())
     pair, = [p for p in summary["parity"] if p["kind"] == "backends"]
     assert pair["world_size"] == 8
     assert pair["verdict"] == "bitwise identical" or pair["verdict"].startswith("equal within"), pair["verdict"]

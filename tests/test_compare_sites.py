@@ -10,6 +10,7 @@ import os
 import pytest
 
 from launched import PY, REPO, run_cmd
+from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
 SHIM = REPO / "tests" / "slurm_shim"
 COMPARE = [PY, "-m", "common.compare"]
@@ -29,7 +30,7 @@ def in_allocation(tmp_path_factory):
 def test_slurm_runs_both_backends_through_srun(in_allocation):
     result, out = in_allocation
     assert result.returncode == 0, result.output[-4000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / SUMMARY_FILE).read_text())
     commands = {r["name"]: r["command"] for r in summary["runs"]}
     pair, = [p for p in summary["parity"] if p["kind"] == "backends"]
     # The noise floor's run (DDP again, one ulp off) is made, through srun too, only when the backends differ.
@@ -41,7 +42,7 @@ def test_slurm_runs_both_backends_through_srun(in_allocation):
     assert commands["ddp@3#1"].startswith("env MASTER_ADDR=localhost MASTER_PORT=29640 srun --nodes=1 "
                                           "--ntasks-per-node=3 --ntasks=3 "), commands["ddp@3#1"]
     assert commands["horovod-mpi@3#1"].startswith("srun --mpi=pmix --nodes=1 --ntasks-per-node=3 --ntasks=3 ")
-    config = json.loads((out / "runs" / "ddp-np3-r1" / "config.json").read_text())
+    config = json.loads((out / "runs" / "ddp-np3-r1" / CONFIG_FILE).read_text())
     assert config["launcher"] == "srun" and config["world_size"] == 3
     assert pair["verdict"] == "bitwise identical" or pair["verdict"].startswith("equal within")
     if not pair["bitwise_identical"]:

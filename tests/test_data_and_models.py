@@ -9,12 +9,13 @@ import torch
 
 from datasets import write_cifar10, write_imagefolder, write_mnist
 from launched import launch
+from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
 FEW_STEPS = ["--epochs", "1", "--max-steps", "2", "--batch-size", "8", "--threads", "1"]
 
 
 def _summary(run_dir):
-    return json.loads((run_dir / "summary.json").read_text())
+    return json.loads((run_dir / SUMMARY_FILE).read_text())
 
 
 @pytest.mark.parametrize("dataset,model,writer,shape", [
@@ -28,7 +29,7 @@ def test_file_datasets_train(tmp_path, dataset, model, writer, shape):
     extra = ["--image-size", "32"] if dataset == "imagefolder" else []
     launch("none-ddp", 1, ["--dataset", dataset, "--data-dir", str(data_dir), "--model", model,
                            "--run-dir", str(run_dir), *FEW_STEPS, *extra], timeout=180).check()
-    config = json.loads((run_dir / "config.json").read_text())
+    config = json.loads((run_dir / CONFIG_FILE).read_text())
     channels, size, classes = shape
     assert (config["dataset"]["channels"], config["dataset"]["image_size"], config["dataset"]["num_classes"]) \
         == (channels, size, classes)
@@ -48,7 +49,7 @@ def test_empty_data_dir_is_named_in_one_line(tmp_path, dataset):
 def test_synthetic_any_shape_with_resnet(tmp_path):
     launch("none-hvd", 1, ["--dataset", "synthetic", "--image-size", "32", "--synthetic-samples", "64",
                            "--model", "resnet18", "--run-dir", str(tmp_path), *FEW_STEPS], timeout=180).check()
-    config = json.loads((tmp_path / "config.json").read_text())
+    config = json.loads((tmp_path / CONFIG_FILE).read_text())
     assert config["dataset"]["image_size"] == 32 and config["dataset"]["channels"] == 3
 
 

@@ -11,6 +11,7 @@ import time
 
 from launched import BIN, PY, launch, read_run
 from processes import Job, assert_nothing_left, steps_logged, worker
+from common.rundir.names import CONFIG_FILE
 
 ARGS = ["--model", "mlp", "--epochs", "8", "--threads", "1", "--checkpoint-every", "10"]
 STEPS_PER_EPOCH_2 = 23  # digits, batch 32, world size 2
@@ -58,7 +59,7 @@ def test_elastic_job_loses_a_worker_and_finishes_from_the_last_commit(tmp_path):
                                          "--run-dir", str(reference)]).check()
     launch("none-hvd", 1, ARGS + ["--resume", "auto", "--run-dir", str(reference)]).check()
     assert run["summary"]["weights_sha256"] == read_run(reference)["summary"]["weights_sha256"]
-    assert json.loads((run_dir / "config.json").read_text())["backend"]["elastic"] is True
+    assert json.loads((run_dir / CONFIG_FILE).read_text())["backend"]["elastic"] is True
 
 
 def test_elastic_exact_job_continues_mid_epoch_at_another_world_size(tmp_path):

@@ -12,6 +12,7 @@ import torch
 
 from launched import PY, launch, read_run, run_cmd, step_losses
 from settings import MLP_SGD, mlp_run
+from common.rundir.names import SUMMARY_FILE
 
 # The default global batch, 96, is 12 micro-batches of 8: 1, 2, 3, 4 (6, 12) ranks share them.
 EXACT = ["--reduction", "exact", "--optimizer", "adam", "--lr", "0.002", "--weight-decay", "0.01", "--epochs", "1",
@@ -110,7 +111,7 @@ def test_the_comparison_gives_the_world_size_verdict(runs, tmp_path):
     dirs = [runs(launcher, np, DROPOUT).dir for np, launcher in WORLD_SIZES["dropout"].items()]
     result = run_cmd([PY, "-m", "common.compare", "--runs", *map(str, dirs), "--out", str(tmp_path)], timeout=180)
     assert result.returncode == 0, result.output[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((tmp_path / SUMMARY_FILE).read_text())
     (verdict,) = summary["world_sizes"]
     assert verdict["identical"] and verdict["world_sizes"] == [1, 2, 3, 4]
     assert verdict["verdict"].startswith("world sizes 1, 2, 3, 4: bitwise identical")

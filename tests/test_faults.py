@@ -24,6 +24,7 @@ from launched import command, launch, read_run
 from processes import (LOOPBACK, Job, assert_nothing_left, job_processes, listening, steps_logged, wait_ended,
                        worker)
 from settings import TWO_RANK
+from common.rundir.names import METRICS_FILE, SUMMARY_FILE
 
 LONG = ["--model", "mlp", "--epochs", "400", "--threads", "1"]
 # Steps of six seconds: more than the 5 s Horovod's own horovodrun gives its workers to stop. A user model
@@ -63,7 +64,7 @@ PROG = {"torchrun": "ddp_train", "horovodrun-gloo": "hvd_train", "horovodrun-mpi
 
 
 def _stopped_with_a_checkpoint(run_dir, output):
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
     stopped = [e for e in events if e["event"] == "stopped"]
     assert stopped, f"no final checkpoint:\n{output[-3000:]}"
     assert any(e["event"] == "checkpoint" and e["step"] == stopped[0]["step"] for e in events)
@@ -219,7 +220,7 @@ def test_one_host_job_listens_on_loopback_and_a_killed_rank_ends_it(rank_killed,
         # kills it 5 s later: its own watchdog sees the gone rank first and ends it.
         assert re.search(r"\[rank 0\] hvd_train: error: rank 1 stopped taking part \(its process is gone",
                          killed.output), killed.output[-3000:]
-    assert not (killed.run_dir / "summary.json").exists()
+    assert not (killed.run_dir / SUMMARY_FILE).exists()
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "horovodrun-mpi"])

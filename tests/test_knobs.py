@@ -11,6 +11,7 @@ import torch
 
 from launched import PY, launch, max_abs_diff, run_cmd, step_losses
 from settings import CONVNET_ADAM, COMMON, convnet_run, mlp_run
+from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
 # Every knob that keeps world-size-2 parity, at once; 23 batches per rank and epoch make 11 steps of
 # --accumulate 2, so 16 steps cross an epoch boundary.
@@ -112,7 +113,7 @@ def test_fp16_amp_on_cpu_is_refused_on_every_rank(tmp_path, launcher, np, device
         mine = [line for line in errors if re.search(rf"\[rank {rank}\]", line) or np == 1]
         assert mine and FP16_CPU_ERROR in mine[0] and "--amp bf16" in mine[0], result.output[-3000:]
     assert not re.search(r'File ".*/(common|ddp_train|hvd_train)/', result.output), result.output[-3000:]
-    assert not (tmp_path / "run" / "summary.json").exists()
+    assert not (tmp_path / "run" / SUMMARY_FILE).exists()
 
 
 def _horovod_timeline(path):
@@ -125,7 +126,7 @@ def _horovod_timeline(path):
 
 def test_profile_writes_a_trace_on_both_backends(runs):
     ddp_dir, hvd_dir = knobs(runs, "torchrun").dir, knobs(runs, "horovodrun-gloo").dir
-    config = json.loads((ddp_dir / "config.json").read_text())
+    config = json.loads((ddp_dir / CONFIG_FILE).read_text())
     assert config["profile"]["steps"] == 3
     assert config["profile"]["file"].endswith("profile/ddp-rank0.pt.trace.json")
     events = json.loads((ddp_dir / "profile" / "ddp-rank0.pt.trace.json").read_text())["traceEvents"]
@@ -186,7 +187,7 @@ def test_horovod_cycle_time_follows_the_model_size_unless_the_user_sets_it(runs,
               "--batch-size", "4", "--epochs", "1", "--max-steps", "1", "--threads", "1", "--run-dir", str(tmp_path)]
     result = launch("none-hvd", 1, resnet).check()
     assert result.output.count("hvd_train: HOROVOD_CYCLE_TIME=5 (the model has 43 MB of gradients") == 1
-    backend = json.loads((tmp_path / "config.json").read_text())["backend"]
+    backend = json.loads((tmp_path / CONFIG_FILE).read_text())["backend"]
     assert (backend["cycle_time_ms"], backend["cycle_time_source"]) == (5.0, "hvd_train: 43 MB of gradients on CPU")
 
 

@@ -14,6 +14,7 @@ import pytest
 from datasets import write_cifar10, write_mnist
 from launched import BIN, PY, launch, run_cmd
 from processes import Job, assert_nothing_left, worker
+from common.rundir.names import CONFIG_FILE
 
 TINY = ["--model", "mlp", "--max-steps", "3", "--threads", "1"]
 
@@ -54,7 +55,7 @@ def test_horovodrun_more_processes_than_slots(tmp_path):
                       *TINY, "--run-dir", str(tmp_path)], timeout=60)
     assert result.returncode != 0 and result.seconds < 30
     assert "Requested more processes (4) than there are available slots (2)" in result.output, result.output[-2000:]
-    assert not (tmp_path / "config.json").exists()
+    assert not (tmp_path / CONFIG_FILE).exists()
 
 
 def test_mpirun_more_processes_than_slots(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from launched import PY, REPO, command_on_hosts, max_abs_diff, read_run, step_losses
 from settings import ACROSS_HOSTS
+from common.rundir.names import SUMMARY_FILE
 
 pytestmark = pytest.mark.multinode
 
@@ -76,4 +77,4 @@ def test_compare_accepts_two_host_runs(runs, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = (out / "report.md").read_text()
     assert "node1" in report, "the report's reproduction section names the hosts"
-    assert (out / "summary.json").exists()
+    assert (out / SUMMARY_FILE).exists()

@@ -10,6 +10,7 @@ import pytest
 
 from launched import backend_of, launch, max_abs_diff, step_losses
 from settings import ADAM_LR, LAUNCHERS, TWO_RANK, convnet_run, mlp_run, processes
+from common.rundir.names import MODEL_FILE, SUMMARY_FILE
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -54,7 +55,7 @@ def test_launcher_writes_complete_run_dir(runs, launcher):
     from common.rundir.writer import weights_sha256
     assert weights_sha256(run["model"]) == summary["weights_sha256"]
     assert (run_dir / "model.pt.sha256").read_text().split()[0] == hashlib.sha256(
-        (run_dir / "model.pt").read_bytes()).hexdigest()
+        (run_dir / MODEL_FILE).read_bytes()).hexdigest()
 
     # One banner per rank: backend, rank/size, host, device, threads.
     for rank in range(np):
@@ -104,6 +105,6 @@ def test_world_size_3_differs_only_by_the_order_of_the_sum(runs):
 
 def test_convnet_reaches_95_percent_with_defaults(tmp_path):
     result = launch("torchrun", 2, ["--run-dir", str(tmp_path)]).check()
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((tmp_path / SUMMARY_FILE).read_text())
     assert summary["model"] == "convnet" and summary["dataset"] == "digits"
     assert summary["val_top1"] >= 0.95, result.output[-2000:]

@@ -18,6 +18,7 @@ import torch
 
 from common.launch import Job as LaunchedJob
 from launched import PY, assert_every_rank_exited, command, job_env, read_run, run_cmd
+from common.rundir.names import SUMMARY_FILE
 
 TOKENS = '''
     """A token-sequence task: the class is the marker token that fills half of each sequence."""
@@ -138,7 +139,7 @@ def compare(folder: Path, out: Path, *args: str):
     result = run_cmd([PY, "-m", "common.compare", "--out", str(out), "--np", "2", "--hvd-controllers", "gloo",
                       "--repeats", "1", *args], timeout=400, cwd=folder)
     assert result.returncode == 0, result.output[-4000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / SUMMARY_FILE).read_text())
     return summary, {run["name"]: read_run(run["path"]) for run in summary["runs"]}
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from common import launch as launch_layer
 from launched import PY, REPO, run_cmd
+from common.rundir.names import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SUMMARY_FILE
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -104,7 +105,7 @@ def faithful(folder):
     result = compare_here(folder, "--scripts", "train_horovod.py", "train_ddp.py", "--np", "2,3",
                           "--hvd-controllers", "gloo", "--repeats", "1", "--out", out, "--", *SCRIPT_ARGS)
     assert result.returncode == 0, result.output[-4000:]
-    return json.loads((out / "summary.json").read_text()), out, before
+    return json.loads((out / SUMMARY_FILE).read_text()), out, before
 
 
 def pair_at(summary: dict, np: int) -> dict:
@@ -129,8 +130,8 @@ def test_faithful_port_is_bitwise_identical_at_2_ranks_and_within_the_floor_at_3
 def test_the_runs_hold_what_the_scripts_did(faithful, folder):
     summary, out, _ = faithful
     for run_dir in (out / "runs").iterdir():
-        config = json.loads((run_dir / "config.json").read_text())
-        events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        config = json.loads((run_dir / CONFIG_FILE).read_text())
+        events = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
         script = config["script"]
         assert config["backend"]["script"] and script["cwd"] == str(folder)
         assert script["argv"] == SCRIPT_ARGS and Path(script["path"]).name in ("train_horovod.py", "train_ddp.py")
@@ -139,7 +140,7 @@ def test_the_runs_hold_what_the_scripts_did(faithful, folder):
         per_epoch = math.ceil(math.ceil(1438 / config["world_size"]) / 64)
         assert [e["step"] for e in steps] == list(range(1, 2 * per_epoch + 1))
         assert all(math.isfinite(e["loss"]) and len(e["wnorm"]) == len(config["parameters"]) for e in steps)
-        assert (run_dir / "model.pt").exists() and json.loads((run_dir / "summary.json").read_text())["weights_sha256"]
+        assert (run_dir / MODEL_FILE).exists() and json.loads((run_dir / SUMMARY_FILE).read_text())["weights_sha256"]
 
 
 def test_scripts_are_never_changed_copied_or_run_by_the_comparison(faithful, folder):
@@ -160,7 +161,7 @@ def explained(folder: Path, horovod: Path, ddp: Path) -> dict:
     out = folder / f"why-{ddp.name}"
     result = compare_here(folder, "--runs", horovod, ddp, "--noise-floor", "off", "--out", out)
     assert result.returncode == 0, result.output[-3000:]
-    pairs = json.loads((out / "summary.json").read_text())["parity"]
+    pairs = json.loads((out / SUMMARY_FILE).read_text())["parity"]
     assert len(pairs) == 1
     pair = pairs[0]
     assert pair["cause"]["text"] in pair["verdict"] and pair["cause"]["guide"] in pair["verdict"]

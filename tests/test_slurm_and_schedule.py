@@ -10,6 +10,7 @@ import time
 import pytest
 
 from launched import PY, REPO, job_env
+from common.rundir.names import CONFIG_FILE
 
 
 def _free_port() -> int:
@@ -49,7 +50,7 @@ def test_ddp_under_srun_environment(tmp_path):
     for rank, (code, out) in enumerate(outputs):
         assert code == 0, out
         assert f"[ddp] rank {rank}/2 local_rank {rank}/2" in out
-    config = json.loads((tmp_path / "config.json").read_text())
+    config = json.loads((tmp_path / CONFIG_FILE).read_text())
     assert config["world_size"] == 2 and config["launcher"] == "srun"
     assert config["backend"]["launch"] == "slurm"
 

@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from launched import BIN, REPO, job_env
+from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
 SHIM = REPO / "tests" / "slurm_shim"
 ARGS = ["--model", "mlp", "--max-steps", "6", "--threads", "1"]
@@ -47,8 +48,8 @@ def test_sbatch_template_trains_on_two_ranks(tmp_path, template, tasks, extra, l
     result = sbatch(template, tasks, ARGS + ["--run-dir", str(run_dir)],
                     {"MASTER_PORT": _free_port(), **extra})
     assert result.returncode == 0, result.stdout[-3000:]
-    config = json.loads((run_dir / "config.json").read_text())
-    summary = json.loads((run_dir / "summary.json").read_text())
+    config = json.loads((run_dir / CONFIG_FILE).read_text())
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     assert config["world_size"] == 2 and summary["steps"] == 6
     assert config["launcher"] == launcher
     for rank in range(2):
@@ -62,7 +63,7 @@ def test_default_run_dir_is_named_after_the_job(tmp_path):
     run_dir = REPO / "runs" / f"slurm-{job}"
     try:
         assert result.returncode == 0, result.stdout[-3000:]
-        assert (run_dir / "summary.json").exists()
+        assert (run_dir / SUMMARY_FILE).exists()
     finally:
         import shutil
 

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.timeout(900)
 
 from launched import read_run
 from test_compare import assert_real_image, compare
+from common.rundir.names import SUMMARY_FILE
 
 #: make demo's training at 3 ranks (the defaults) on three seeds; 42 is the default
 DEMO_SEEDS = (42, 7, 123)
@@ -76,7 +77,7 @@ def demo_at_3(tmp_path_factory):
         result = compare("--out", out, "--np", "3", "--hvd-controllers", "gloo", "--repeats", "1", "--explain", "none",
                          "--seed", seed, timeout=900)
         assert result.returncode == 0, result.output[-3000:]
-        found[seed] = (out, json.loads((out / "summary.json").read_text()))
+        found[seed] = (out, json.loads((out / SUMMARY_FILE).read_text()))
     return found
 
 
@@ -122,7 +123,7 @@ def adam_lr(runs, tmp_path_factory):
     out = tmp_path_factory.mktemp("adam-lr")
     result = compare("--runs", a.dir, b.dir, "--out", out, "--force", timeout=600)
     assert result.returncode == 0, result.output[-3000:]
-    return a, b, out, result.output, json.loads((out / "summary.json").read_text())
+    return a, b, out, result.output, json.loads((out / SUMMARY_FILE).read_text())
 
 
 def test_a_20_percent_higher_learning_rate_under_adam_is_beyond_the_floor_from_step_2(adam_lr):
@@ -172,7 +173,7 @@ def floor_by_rerun(runs, mlp_base, tmp_path_factory):
 def test_a_learning_rate_10_percent_higher_is_beyond_the_floor_made_by_a_rerun(mlp_base, floor_by_rerun):
     out, output, faster = floor_by_rerun
     assert "rerunning ddp@3#1's settings here with --perturb-ulp 1" in output
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / SUMMARY_FILE).read_text())
     (pair,) = [p for p in summary["parity"] if p["kind"] == "backends"]
     assert pair["within_noise_floor"] is False and pair["trains_differently_from"] == 2, pair["verdict"]
     assert pair["lr_difference"] == {"step": 1, "a": 0.05, "b": 0.055}
@@ -193,7 +194,7 @@ def test_fp16_compression_on_one_side_is_beyond_the_floor_of_given_disturbed_run
     result = compare("--runs", mlp_base.dir, compressed.dir, *disturbed, "--out", tmp_path)
     assert result.returncode == 0, result.output[-3000:]
     assert "rerunning" not in result.output and not (tmp_path / "runs").exists()  # the floor was given
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((tmp_path / SUMMARY_FILE).read_text())
     (pair,) = [p for p in summary["parity"] if p["kind"] == "backends"]
     assert (pair["a"], pair["b"]) == ("ddp@3#1", "horovod-gloo@3#1")
     assert summary["noise_floors"]["3"]["runs"] == len(disturbed)
@@ -211,7 +212,7 @@ def test_a_floor_that_is_off_is_said_to_be_unknown(runs, mlp_base, tmp_path):
     faster = runs("horovodrun-gloo", 3, MLP + ["--lr", "0.055"])
     result = compare("--runs", mlp_base.dir, faster.dir, "--out", tmp_path, "--noise-floor", "off")
     assert result.returncode == 0, result.output[-3000:]
-    (pair,) = [p for p in json.loads((tmp_path / "summary.json").read_text())["parity"] if p["kind"] == "backends"]
+    (pair,) = [p for p in json.loads((tmp_path / SUMMARY_FILE).read_text())["parity"] if p["kind"] == "backends"]
     assert pair["verdict"].startswith("differs: parameters by ")
     assert "the learning rate differs from step 1 (0.05 vs 0.055)" in pair["verdict"]
     assert pair["verdict"].endswith("noise floor unknown (--noise-floor off)")
