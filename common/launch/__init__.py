@@ -1,5 +1,7 @@
 """The launch layer: which launchers exist (declared by the backends), starting and stopping jobs
-through them, and telling, inside a process, which launcher and rank it runs under.
+through them, and telling, inside a process, which launcher and rank it runs under. It imports nothing of the
+project outside `common.launch` (the backends' launchers are found through entry points), so every other part
+may use it:
 
 - registry: `Launcher`, `get(name)`, `launchers()`, `find(backend, controller)`;
 - jobs: `Job` (own process group, captured output, time limit, teardown), `run`, `job_env`;
