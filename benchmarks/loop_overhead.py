@@ -2,10 +2,10 @@
 
 The loop in common/loop/trainer.py does, besides forward, backward and the optimizer step: the lr
 schedule, the train meters (a few small tensor ops), `loss.item()` and a JSON line in
-metrics.jsonl every --log-every steps, notes of what the rank is doing (common.faults.liveness), and about every CHECK_PERIOD_S of training
-(common.faults.stopping) a tiny allreduce that lets the ranks agree to stop on a signal. This times each
-piece alone, in one process, with the real objects (SumMeter, RunDir, Activity, lr_at), at
-the model's real batch, and the stop check from the allreduce benchmark's smallest torch message
+metrics.jsonl every --log-every steps, notes of what the rank is doing (common.faults.liveness), and
+about every CHECK_PERIOD_S of training (common.faults.stopping) a tiny allreduce that lets the ranks agree
+to stop on a signal. This times each piece alone, in one process, with the real objects (SumMeter, RunDir,
+Activity, lr_at), at the model's real batch, and the stop check from the allreduce benchmark's smallest torch message
 (when DIR/allreduce.json exists), shared by the steps between two checks at the measured step time.
 
     python -m benchmarks.loop_overhead --models convnet,resnet18 --out benchmarks/results

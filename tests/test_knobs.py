@@ -224,4 +224,5 @@ def test_deterministic_horovod_repeats_its_bits_at_3_ranks(runs):
     # what it was handed is compared); had --deterministic done nothing, the two would read the same.
     control = runs("horovodrun-gloo", 3, args).run["config"]["backend"]
     assert control["deterministic"] is False
-    assert control["fusion_threshold_env"] == str(25 * 1024 * 1024) != first["config"]["backend"]["fusion_threshold_env"]
+    assert control["fusion_threshold_env"] == str(25 * 1024 * 1024)
+    assert control["fusion_threshold_env"] != first["config"]["backend"]["fusion_threshold_env"]

@@ -96,11 +96,12 @@ def test_world_size_3_differs_only_by_the_order_of_the_sum(runs):
     # Where each divides by the world size, from what each built: the hook DDP registered and DDP's own
     # record of it, the op and predivide factor of Horovod's DistributedOptimizer.
     built = ddp["config"]["backend"]["ddp_built"]
-    assert (built["hook_averages_with"], ddp["config"]["backend"]["divide_by_world_size"]) == ("allreduce_hook", "before_sum")
+    assert built["hook_averages_with"] == "allreduce_hook"
+    assert ddp["config"]["backend"]["divide_by_world_size"] == "before_sum"
     assert built["comm_hook"].endswith("timed_allreduce")  # DDP runs the backend's timing wrapper of that hook
     hvd_backend = hvd["config"]["backend"]
-    assert (hvd_backend["allreduce_op"], hvd_backend["gradient_predivide_factor"], hvd_backend["divide_by_world_size"]) \
-        == ("Average", 1.0, "after_sum")
+    assert hvd_backend["allreduce_op"] == "Average" and hvd_backend["gradient_predivide_factor"] == 1.0
+    assert hvd_backend["divide_by_world_size"] == "after_sum"
 
 
 def test_convnet_reaches_95_percent_with_defaults(tmp_path):
