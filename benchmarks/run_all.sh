@@ -65,6 +65,8 @@ if [[ "${QUICK:-0}" == 1 ]]; then
   step -m benchmarks.exact_cost --np 1,2 --models convnet --global-batch 8 --micro-batch 4 --steps 2 --repeats 1 \
       --no-distance --out "$OUT" --work "$WORK/exact"
   step -m benchmarks.verdicts --quick --max-floor 2 --out "$OUT" --work "$WORK/verdicts"
+  step -m benchmarks.probe_cost --np 2 --cases convnet=8 --batch-size 4 --steps 3 --repeats 1 --out "$OUT" \
+      --work "$WORK/probe_cost"
   finish  # stop_latency times its launches: alone (one launcher: tests/test_faults.py stops all four)
   step -m benchmarks.stop_latency --launchers torchrun --model convnet --image-size 16 --batch-size 4 \
       --steps-before 1 --timeout 60 --out "$OUT" --work "$WORK/stop"
@@ -123,6 +125,8 @@ else
   "$PY" -m benchmarks.exact_cost --np 1,2,3 --out "$OUT"
   # The verdicts on a corpus of same-training and real-difference pairs, against floors of 1 to 5 disturbed runs.
   "$PY" -m benchmarks.verdicts --out "$OUT"
+  # What the probe of compare-backends --scripts costs a user's DDP script: resnet18 224x224 and convnet 32x32.
+  "$PY" -m benchmarks.probe_cost --np 2 --cases resnet18=224,convnet=32 --repeats 3 --out "$OUT"
   # Ctrl-C to exit, per launcher, with steps of seconds.
   "$PY" -m benchmarks.stop_latency --out "$OUT"
 fi

@@ -24,6 +24,7 @@ TARGETS = {
     "scaling": (0.90, "0.90"),
     "busbw_of_limit": (0.50, "50%"),
     "data_frac": (0.05, "5%"),
+    "probe_cost": (0.02, "2%"),
 }
 #: how a series or run label reads in the tables
 NAMES = {"torch-gloo": "torch gloo", "horovod-gloo": "Horovod/Gloo", "horovod-mpi": "Horovod/MPI",
@@ -262,6 +263,13 @@ def _target_row(results: Results, names: Sequence[str], judge: Callable[..., tup
     return [f"{shown} (" + ", ".join(f"`{results.path(n)}`" for n in names) + ")", verdict]
 
 
+def _probe_target(result: Dict) -> tuple:
+    row = next((r for r in result["rows"] if (r["model"], r["image_size"]) == ("resnet18", 224)), None)
+    if row is None or row["cost"] is None:
+        return "resnet18 224x224 not measured", _met(None)
+    return f"{100 * row['cost']:+.1f}%", _met(row["cost"] <= TARGETS["probe_cost"][0])
+
+
 def targets(results: Results) -> str:
     """The project's targets, what was measured against each, and whether it is met."""
     rows = [
@@ -274,6 +282,8 @@ def targets(results: Results) -> str:
         [f"data wait < {target('data_frac')} of the step for digits and synthetic",
          *_target_row(results, ["data-wait-digits/throughput.json", "data-wait-synthetic/throughput.json"],
                       _data_target)],
+        [f"the probe of `--scripts` costs a DDP script ≤ {target('probe_cost')} of its samples/s at resnet18 224x224",
+         *_target_row(results, ["probe_cost.json"], _probe_target)],
     ]
     return tables.markdown(["target", "measured", "met"], rows)
 
@@ -566,6 +576,27 @@ def ddp_comm_hook_table(results: Results, name: str) -> str:
     return framed(results, [name], body)
 
 
+def probe_cost_table(results: Results, name: str) -> str:
+    """A user's DDP script bare and under the probe, samples/s per job and the cost, against the target."""
+
+    def body() -> str:
+        result = results.get(name)
+        st = result["settings"]
+        rows = [[f"{r['model']} {r['image_size']}x{r['image_size']}",
+                 " ".join(f"{v:.1f}" for v in r["bare_samples_per_s"]),
+                 " ".join(f"{v:.1f}" for v in r["probed_samples_per_s"]),
+                 tables.MISSING if r["cost"] is None else f"{100 * r['cost']:+.1f}%"] for r in result["rows"]]
+        return (f"World size {st['world_size']} under {st['launcher']}, per-rank batch {st['batch_size']}, "
+                f"{st['threads']} thread per rank, {st['steps']} steps per job (the first 2 untimed), {st['repeats']} "
+                f"jobs of each kind, alternating; the target is a cost of at most "
+                f"{target('probe_cost')} at resnet18 224x224:\n\n"
+                + tables.markdown(["model", "bare samples/s (each job)", "under the probe (each job)",
+                                   "cost (medians)"], rows)
+                + _failures(result))
+
+    return framed(results, [name], body)
+
+
 def horovod_cycle_table(results: Results, name: str) -> str:
     """Idle CPU of an initialised Horovod rank and the compute slowdown beside it, per controller and cycle."""
 
@@ -723,6 +754,7 @@ BLOCKS: Dict[str, Callable[..., str]] = {
     "data_wait_table": data_wait_table,
     "loop_overhead_table": loop_overhead_table,
     "ddp_comm_hook_table": ddp_comm_hook_table,
+    "probe_cost_table": probe_cost_table,
     "horovod_cycle_table": horovod_cycle_table,
     "stop_latency_table": stop_latency_table,
     "verdicts_tables": verdicts_tables,

@@ -26,7 +26,8 @@ RUN_ALL = REPO / "benchmarks" / "run_all.sh"
 #: benchmark module -> the file it writes into its --out folder
 WRITES = {"allreduce": "allreduce.json", "throughput": "throughput.json", "loop_overhead": "loop_overhead.json",
           "horovod_cycle": "horovod_cycle.json", "ddp_comm_hook": "ddp_comm_hook.json",
-          "stop_latency": "stop_latency.json", "exact_cost": "exact_cost.json", "verdicts": "verdicts.json"}
+          "stop_latency": "stop_latency.json", "exact_cost": "exact_cost.json", "verdicts": "verdicts.json",
+          "probe_cost": "probe_cost.json"}
 #: set in the QUICK run's environment: an `auto` sweep value must take it away from the job
 EXPORTED_CYCLE_TIME = "3"
 
@@ -310,6 +311,22 @@ def test_horovod_cycle_and_comm_hook(quick):
     assert positive(row["builtin_ms"]) and positive(row["python_hook_ms"])
     assert row["hook_cost"] == pytest.approx(row["python_hook_ms"] / row["builtin_ms"] - 1)
     assert hook["settings"]["world_size"] == 1
+
+
+def test_probe_cost_runs_the_script_bare_and_under_the_probe(quick):
+    out, _ = quick
+    data = read(out, "probe_cost.json")
+    assert_machine(data)
+    (row,) = data["rows"]
+    assert (row["model"], row["image_size"]) == ("convnet", 8) and not data["failures"]
+    bare, probed = row["bare_samples_per_s"], row["probed_samples_per_s"]
+    assert len(bare) == len(probed) == 1 and all(positive(v) for v in bare + probed)
+    assert row["cost"] == pytest.approx(1 - probed[0] / bare[0])
+    # the probed job wrote a run directory of the script, as --scripts reads it
+    (run_dir,) = (out / "work" / "probe_cost").iterdir()
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["backend"]["script"] and config["script"]["path"].endswith("benchmarks/probe_cost.py")
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
 
 
 # ---- the comparison report's benchmark section ----
