@@ -1,5 +1,5 @@
 """Verdicts judged where a divergence starts, against a noise floor of several disturbed runs: the default
-comparison at 3 ranks is never "beyond" it, on three seeds; a 20% higher learning rate under Adam is beyond it
+comparison at 3 ranks (make demo's training) is never "beyond" it; a 20% higher learning rate under Adam is beyond it
 from step 2, and runs with different settings are never called repeats; a 10% higher learning rate and fp16
 compression are beyond it; the numbers a verdict gives are what the run directories hold, computed here."""
 
@@ -17,8 +17,9 @@ from launched import read_run
 from test_compare import assert_real_image, compare
 from common.rundir.names import SUMMARY_FILE
 
-#: make demo's training at 3 ranks (the defaults) on three seeds; 42 is the default
-DEMO_SEEDS = (42, 7, 123)
+#: make demo's training at 3 ranks (the defaults): seed 42, the default (seeds 7 and 123 of the same training are
+#: pairs of the committed corpus, benchmarks/results/verdicts.json)
+DEMO_SEEDS = (42,)
 #: a short SGD run at 3 ranks
 MLP = ["--model", "mlp", "--dataset", "digits", "--batch-size", "32", "--epochs", "1", "--max-steps", "20",
        "--threads", "1"]
@@ -69,8 +70,8 @@ def first_departure(base: dict, other: dict, disturbed: list, margin: float) -> 
 
 @pytest.fixture(scope="module")
 def demo_at_3(tmp_path_factory):
-    """The default comparison's 3-rank cell (DDP against Horovod/Gloo, the default training) for three seeds:
-    seed -> (output folder, summary)."""
+    """The default comparison's 3-rank cell (DDP against Horovod/Gloo, the default training) for each of
+    DEMO_SEEDS: seed -> (output folder, summary)."""
     found = {}
     for seed in DEMO_SEEDS:
         out = tmp_path_factory.mktemp(f"demo-{seed}")
