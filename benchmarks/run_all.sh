@@ -41,7 +41,8 @@ if [[ "${QUICK:-0}" == 1 ]]; then
   finish  # loop_overhead reads allreduce.json
   step -m benchmarks.loop_overhead --models convnet --image-size 8 --batch-size 4 --repeats 5 --out "$OUT"
   step -m benchmarks.ddp_comm_hook --np 1 --image-size 8 --batch-size 4 --blocks 1 --steps 3 --runs 1 --out "$OUT"
-  step -m benchmarks.throughput --np 2 --backends ddp "${TINY[@]}" --out "$OUT" --work "$WORK/throughput"
+  step -m benchmarks.throughput --np 2 --backends ddp "${TINY[@]}" --out "$OUT" --work "$WORK/throughput" \
+      -- --threads 2
   step -m benchmarks.throughput --np 1 --backends horovod-gloo "${TINY[@]}" --baselines none \
       --sweep HOROVOD_CYCLE_TIME=auto,5 --out "$OUT/scaling-1thread" --work "$WORK/scaling-1thread" -- --threads 1
   step -m benchmarks.throughput --np 1 --backends horovod-gloo "${TINY[@]}" --baselines none \

@@ -42,7 +42,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from common import launch
 from common.compare import arguments, stats, tables
 from common.config import build_parser as training_parser
-from common.rundir.names import LAUNCH_LOG, SUMMARY_FILE
+from common.rundir.names import CONFIG_FILE, LAUNCH_LOG, SUMMARY_FILE
 
 from .jobs import add_places, JobFailed, children_cpu_s, run_cli, run_job, run_jobs_together, worker_command
 from .machine import Record, cores, figure_title, load_note, write_json
@@ -294,6 +294,14 @@ def base_args(case: Case, args, world_size: int, run_dir: Path) -> List[str]:
             "--max-steps", str(args.steps), "--run-dir", str(run_dir)]
 
 
+def run_threads(run_dir: Path, summary: Dict) -> Optional[int]:
+    """The intra-op threads per rank a run used: the training loop's config.json, the bare loop's summary."""
+    if "threads" in summary:
+        return summary["threads"]
+    config = run_dir / CONFIG_FILE
+    return json.loads(config.read_text()).get("threads") if config.exists() else None
+
+
 class Bench:
     """Runs the cells of each case, repeats interleaved, and keeps the numbers."""
 
@@ -317,15 +325,18 @@ class Bench:
                     runs.append(self._one(case, label, np, repeat, [cmd], [run_dir]))
                 for bare in (BARE[b] for b in baselines if b in BARE):
                     run_dir = work / f"{bare.label}-{np}-r{repeat + 1}"
-                    # The bare loop gets the base settings only: it has none of the tuning knobs.
+                    # The bare loop gets the base settings and the options after -- (its threads above all),
+                    # not the swept knob: it has none of the tuning knobs.
                     cmd = worker_command("torchrun", np, "benchmarks.bare_ddp",
-                                         ["--data-path", bare.data_path, *base_args(case, args, np, run_dir)])
+                                         ["--data-path", bare.data_path, *base_args(case, args, np, run_dir),
+                                          *self.extra])
                     runs.append(self._one(case, bare.label, np, repeat, [cmd], [run_dir]))
                 if "independent" in baselines and np > 1:
-                    threads = max(1, cores() // np)
+                    # N processes alone share the cores as the N ranks do, unless the options after -- set threads.
+                    threads = [] if "--threads" in self.extra else ["--threads", str(max(1, cores() // np))]
                     dirs = [work / f"independent-{np}-r{repeat + 1}" / f"p{i}" for i in range(np)]
-                    cmds = [[sys.executable, "-m", "ddp_train", *self._train_args(case, np, d),
-                             "--threads", str(threads)] for d in dirs]
+                    cmds = [[sys.executable, "-m", "ddp_train", *self._train_args(case, np, d), *threads]
+                            for d in dirs]
                     runs.append(self._one(case, "independent", np, repeat, cmds, dirs))
         runs = [r for r in runs if r is not None]
         self.cases.append(summarise(case, runs, backends))
@@ -342,6 +353,7 @@ class Bench:
             else:
                 run_jobs_together(cmds, logs, self.args.timeout, env=case.env)
             summaries = [json.loads((d / SUMMARY_FILE).read_text()) for d in dirs]
+            threads = run_threads(dirs[0], summaries[0])
         except (JobFailed, OSError, ValueError) as exc:
             print("FAILED", flush=True)
             self.failures.append({"case": case.name, "label": label, "world_size": np, "repeat": repeat + 1,
@@ -351,7 +363,7 @@ class Bench:
         cpu_s = children_cpu_s() - cpu_before
         print(f"{sps:.1f} samples/s ({time.monotonic() - started:.0f} s, {cpu_s:.0f} CPU s)", flush=True)
         first = summaries[0]
-        return {"label": label, "world_size": np, "repeat": repeat + 1, "samples_per_s": sps,
+        return {"label": label, "world_size": np, "repeat": repeat + 1, "samples_per_s": sps, "threads": threads,
                 "job_cpu_s": cpu_s, "job_wall_s": time.monotonic() - started,
                 "time_split": first.get("time_split"), "steps": first.get("steps"),
                 "run_dirs": [str(d) for d in dirs], "command": " ".join(map(str, cmds[0])),

@@ -183,6 +183,9 @@ def test_throughput_reports_overhead_and_both_loop_ratios(quick):
     for run_dir in runs["independent"]["run_dirs"]:
         assert json.loads((Path(run_dir) / SUMMARY_FILE).read_text())["world_size"] == 1
     assert "loop/seed" in output and "loop/batched" in output
+    # Every baseline ran with the options after -- (--threads 2, not the 1 per rank each would choose at 2 ranks
+    # on 2 cores), as the loop it is compared with did.
+    assert {r["label"]: r["threads"] for r in case["runs"]} == {label: 2 for label in runs}
 
 
 def test_sweep_auto_leaves_the_variable_to_the_program(quick):
