@@ -185,8 +185,8 @@ class Config:
     # run
     seed: int = option(42, "run", "seeds weights, the train/validation split and the sample order", parse=int)
     threads: Optional[int] = option(None, "run", "intra-op CPU threads per process (default: cores / processes on "
-                                                 "this host)", parse=positive_int,
-                                    doc_default="cores / processes per host")
+                                                 "this host; 1 with --reduction exact)", parse=positive_int,
+                                    doc_default="cores / processes per host; 1 in exact mode")
     eval_every: int = option(1, "run", "validate every N epochs (and always after the last)", parse=positive_int)
     log_every: int = option(1, "run", "write a step event to metrics.jsonl every N steps", parse=positive_int)
     run_dir: str = option("runs/latest", "run", "where rank 0 writes the run directory")
@@ -216,7 +216,7 @@ class Config:
                                             "make the noise floor's spread", parse=positive_int, metavar="P")
     # reduction
     reduction: str = option("allreduce", "reduction", "allreduce: each backend's own gradient averaging (fast; bitwise "
-                                                      "equal across backends only at 2 ranks); exact: fixed-point sums "
+                                                      "equal across backends at 1 and 2 ranks); exact: fixed-point sums "
                                                       "of micro-batch gradients, the same bits on both backends, at "
                                                       "every world size, run after run", choices=REDUCTIONS)
     micro_batch: int = option(8, "reduction", "exact: samples per micro-batch; the global batch is cut into "

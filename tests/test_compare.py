@@ -174,3 +174,12 @@ def test_divergence_is_found_at_the_step_it_starts(runs, tmp_path):
         "(0.05 vs 0.005); noise floor unknown" in pair["verdict"]
     assert "lr_schedule" in summary["setting_differences"]
     assert "`lr_schedule`" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("train_args, reduction", [
+    ([], "allreduce"), (["--reduction", "allreduce"], "allreduce"), (["--reduction=exact"], "exact"),
+    (["--epochs", "1", "--reduction", "exact"], "exact")])
+def test_explaining_runs_are_left_out_only_for_exact_mode(train_args, reduction):
+    from common.compare.__main__ import reduction_of
+
+    assert reduction_of(train_args) == reduction

@@ -132,6 +132,17 @@ def measure_missing_floors(runs: List, args: argparse.Namespace) -> Dict[int, st
     return unknown
 
 
+def reduction_of(train_args: List[str]) -> str:
+    """The --reduction the training options give (allreduce, the default, when none)."""
+    value = "allreduce"
+    for i, arg in enumerate(train_args):
+        if arg == "--reduction" and i + 1 < len(train_args):
+            value = train_args[i + 1]
+        elif arg.startswith("--reduction="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the comparison; 0 when every run succeeded, 1 when one failed, 2 on bad input."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -178,7 +189,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ValueError as exc:
             return fail(str(exc))
     else:
-        explain = [] if "none" in args.explain or any(a.startswith("--reduction") for a in train_args) else args.explain
+        # Exact mode leaves nothing to explain: its runs agree to the bit.
+        explain = [] if "none" in args.explain or reduction_of(train_args) == "exact" else args.explain
         backends = args.backends
         if args.scripts:
             # DDP first: the noise floor's disturbed runs are the first cell's, the DDP script's

@@ -232,7 +232,7 @@ class MatrixRunner:
                               log=run_dir / LAUNCH_LOG, on_line=progress)
         lines = result.output.splitlines()
         if result.timed_out:
-            lines.append(f"compare: error: run exceeded --run-timeout {self.timeout_s:.0f}s")
+            lines.append(f"compare-backends: error: run exceeded --run-timeout {self.timeout_s:.0f}s")
         returncode = result.returncode if not result.timed_out else (result.returncode or 124)
         error = None if returncode == 0 else _error_of(lines)
         (run_dir / LAUNCH_RECORD).write_text(json.dumps(
