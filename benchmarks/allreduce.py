@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from common.compare import arguments, tables
+from common.errors import print_error
 
 from .allreduce_worker import MPI_ALGORITHM_VARIABLE
 from .jobs import Workers, run_cli
@@ -174,7 +175,7 @@ def link_speed(hosts: str) -> Optional[Dict]:
 
 
 def _fail(message: str) -> int:
-    print(f"allreduce: error: {message}", file=sys.stderr)
+    print_error("allreduce", message, ranked=False)
     return 2
 
 

@@ -16,7 +16,6 @@ import argparse
 import gc
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.compare import tables
+from common.errors import print_error
 from common.inputs.models import build_model
 
 
@@ -95,8 +95,8 @@ def main(argv=None) -> int:
     if args.worker:
         return worker(args)
     if min(args.np, args.runs, args.blocks) < 1 or args.steps < 3:
-        print("ddp_comm_hook: error: --np, --runs and --blocks must be >= 1 and --steps >= 3 (2 are untimed)",
-              file=sys.stderr)
+        print_error("ddp_comm_hook", "--np, --runs and --blocks must be >= 1 and --steps >= 3 (2 are untimed)",
+                    ranked=False)
         return 2
 
     from .jobs import Workers

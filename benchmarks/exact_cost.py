@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from common.compare import stats, tables
 from common.compare.arguments import world_sizes
+from common.errors import print_error
 from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 
 from .jobs import add_places, JobFailed, run_cli, run_job, worker_command
@@ -159,11 +160,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     if not args.models or any(m not in MODELS for m in args.models):
-        print(f"exact_cost: error: --models: choose from {', '.join(MODELS)}", file=sys.stderr)
+        print_error("exact_cost", f"--models: choose from {', '.join(MODELS)}", ranked=False)
         return 2
     if args.global_batch % args.micro_batch or any((args.global_batch // args.micro_batch) % n for n in args.np):
-        print(f"exact_cost: error: --global-batch {args.global_batch} must be a multiple of --micro-batch "
-              f"{args.micro_batch} whose micro-batches every world size in --np shares", file=sys.stderr)
+        print_error("exact_cost", f"--global-batch {args.global_batch} must be a multiple of --micro-batch "
+                    f"{args.micro_batch} whose micro-batches every world size in --np shares", ranked=False)
         return 2
     record = Record("exact_cost", argv)
     failures: List[Dict] = []

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.errors import print_error
 from common.inputs.models import build_model
 
 DEFINITIONS = {"bare_samples_per_s": "the script's samples/s over all ranks, bare (one value per job)",
@@ -94,11 +95,11 @@ def main(argv=None) -> int:
     try:
         cases = parse_cases(args.cases)
     except ValueError as exc:
-        print(f"probe_cost: error: {exc}", file=sys.stderr)
+        print_error("probe_cost", str(exc), ranked=False)
         return 2
     if min(args.np, args.repeats, args.batch_size, args.threads) < 1 or args.steps < 3:
-        print("probe_cost: error: --np, --repeats, --batch-size and --threads must be >= 1 and --steps >= 3 "
-              "(2 are untimed)", file=sys.stderr)
+        print_error("probe_cost", "--np, --repeats, --batch-size and --threads must be >= 1 and --steps >= 3 "
+                    "(2 are untimed)", ranked=False)
         return 2
 
     from common.compare import tables

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from common.errors import print_error
+
 from .machine import REPO
 from .sections import BLOCKS, Results
 
@@ -65,15 +67,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Render (or check) the document; 0 when written or up to date, 1 when --check finds it stale, 2 on bad input."""
     args = build_parser().parse_args(argv)
     if not args.template.is_file():
-        print(f"render: error: no template at {args.template}; pass --template", file=sys.stderr)
+        print_error("render", f"no template at {args.template}; pass --template", ranked=False)
         return 2
     if not args.results.is_dir():
-        print(f"render: error: no results folder at {args.results}; pass --results", file=sys.stderr)
+        print_error("render", f"no results folder at {args.results}; pass --results", ranked=False)
         return 2
     try:
         text = render(args.template.read_text(), Results(args.results))
     except ValueError as exc:
-        print(f"render: error: {exc}", file=sys.stderr)
+        print_error("render", str(exc), ranked=False)
         return 2
     if args.check:
         if not args.out.is_file() or args.out.read_text() != text:

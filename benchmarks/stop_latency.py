@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 from common import launch
 from common.compare import tables
+from common.errors import print_error
 from common.rundir.reader import events_so_far
 
 from .jobs import add_places, job_env, run_cli
@@ -96,8 +97,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     names = [n for n in args.launchers.split(",") if n]
     unknown = [n for n in names if n not in LAUNCHERS]
     if unknown or not names:
-        print(f"stop_latency: error: unknown launcher {', '.join(unknown) or '(none)'}; choose from "
-              f"{', '.join(LAUNCHERS)}", file=sys.stderr)
+        print_error("stop_latency", f"unknown launcher {', '.join(unknown) or '(none)'}; choose from "
+                    f"{', '.join(LAUNCHERS)}", ranked=False)
         return 2
     record = Record("stop_latency", argv)
     # Epochs enough that no job ends by itself before the signal, however short its steps.

@@ -42,6 +42,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from common import launch
 from common.compare import arguments, stats, tables
 from common.config import build_parser as training_parser
+from common.errors import print_error
 from common.rundir.names import CONFIG_FILE, LAUNCH_LOG, SUMMARY_FILE
 
 from .jobs import add_places, JobFailed, children_cpu_s, run_cli, run_job, run_jobs_together, worker_command
@@ -173,7 +174,7 @@ def build_cli() -> argparse.ArgumentParser:
 
 
 def _fail(message: str) -> int:
-    print(f"throughput: error: {message}", file=sys.stderr)
+    print_error("throughput", message, ranked=False)
     return 2
 
 

@@ -10,15 +10,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import signal
 import sys
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .launch import placement as _placement
-from .launch.placement import rank_hint
-from .launch.together import leave_together
+from .errors import UsageError, fail_usage
 
 DATASETS = ("digits", "synthetic", "mnist", "cifar10", "imagefolder")
 MODELS = ("mlp", "convnet", "mnist_net", "resnet18", "resnet50")
@@ -41,10 +37,6 @@ GROUPS = {
     "reduction": "how gradients are summed",
     "tuning": "tuning (the same meaning on both backends)",
 }
-
-
-class UsageError(Exception):
-    """Bad input: reported as one line and exit code 2 on every rank, before any collective."""
 
 
 # --- value checks used as argparse types -------------------------------------------------------
@@ -278,41 +270,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D401 - argparse API
         fail_usage(self.prog, f"{message} (see --help)")
-
-
-#: a rank started by a launcher that finds bad input lingers until it has lived this long before exiting:
-#: on a loaded machine a sibling's Python start-up can lag by more than a second, and a sibling must reach
-#: its own checks (holding SIGTERM, see common.faults.sigterm_hold) before the launcher stops it
-SIBLING_GRACE_S = 5.0
-STARTED = time.monotonic()
-
-
-def print_error(line: str, rank: Optional[int] = None) -> None:
-    """Print one error line on stderr, prefixed with `rank`, else with the rank a launcher gave this process.
-    One write with its newline: the ranks share the launcher's stderr, and a line written in two parts can
-    have another rank's line between them."""
-    rank = rank_hint() if rank is None else rank
-    prefix = f"[rank {rank}] " if rank is not None else ""
-    sys.stderr.write(prefix + line + "\n")
-    sys.stderr.flush()
-
-
-def fail_usage(prog: str, message: str) -> NoReturn:
-    """Print one error line naming the problem and the fix, then exit with code 2.
-
-    Under a launcher every rank finds the same bad input at about the same moment; the launcher stops
-    the others as soon as one exits (horovodrun, mpirun), so a rank lingers a moment for the others to
-    print their own line too, and the ranks on a host leave together (common.launch.together).
-    """
-    print_error(f"{prog}: error: {message}")
-    here = _placement.detect()
-    if here.family is not None:
-        # A launcher that stops this rank while it lingers (after a sibling exited) still sees exit code 2.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, frame: os._exit(2))
-        leave_together(here, time.time() + SIBLING_GRACE_S - (time.monotonic() - STARTED))
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # nor while the interpreter shuts down
-    sys.exit(2)
 
 
 # --- the parser and the docs, from the declarations --------------------------------------------

@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import launch
 from .launch.hosts import is_local, local_addresses, parse_hosts, resolve, route_to
+from .errors import print_error
 from .launch.remote import SSH_CONNECT_TIMEOUT_S, SSH_OPTIONS
 
 ENTRY_POINT_GROUP = "hvd_ddp_compare.doctor"
@@ -301,9 +302,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         hosts = parse_hosts(args.hosts)
     except ValueError as exc:
-        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+        print_error(parser.prog, str(exc), ranked=False)
+        sys.exit(2)
     if not 0 < args.port < 65536:
-        parser.exit(2, f"{parser.prog}: error: --port {args.port} is not a TCP port; pick one in 1024-65535\n")
+        print_error(parser.prog, f"--port {args.port} is not a TCP port; pick one in 1024-65535", ranked=False)
+        sys.exit(2)
     checks = run_checks(hosts, args.port, args.ssh_port, args.ssh_identity_file, probe=not args.no_allreduce)
     failed = [c for c in checks if c.ok is False]
     print(f"doctor: {len(failed)} of {len(checks)} checks failed" if failed else

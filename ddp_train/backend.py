@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from common.config import UsageError
+from common.errors import UsageError
 from common.launch.placement import detect
 from common.loop.backend import Backend
 

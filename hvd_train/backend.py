@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from common.config import UsageError
+from common.errors import UsageError
 from common.launch.placement import Placement, detect
 from common.loop.backend import Backend
 from common.loop.profiling import Trace

@@ -19,7 +19,7 @@ from typing import Iterable, Tuple
 
 import torch
 
-from common.config import UsageError
+from common.errors import UsageError
 
 WAIT_VARIABLE = "HVD_TRAIN_WAIT"
 WAITS = ("spin", "poll")

@@ -12,6 +12,7 @@ from common.rundir.reader import check_comparable, number_repeats, read_run
 from . import arguments, benchmarks, report, scripts
 from . import floor
 from ..config import OneLineParser, build_parser, positive_int
+from ..errors import print_error
 from .analysis import DEFAULT_TOLERANCE, FLOOR_MARGIN, weight_difference
 from .floor import DEFAULT_FLOOR_RUNS
 from .matrix import MatrixRunner, failure_record, plan, rerun_disturbed
@@ -76,7 +77,7 @@ def build_compare_parser() -> argparse.ArgumentParser:
 
 
 def fail(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    print_error(PROG, message, ranked=False)
     return 2
 
 

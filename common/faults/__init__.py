@@ -2,5 +2,5 @@
 per-rank watchdog over its waits in collectives (`watchdog`), the ranks' agreement to stop on a signal or a
 watchdog's verdict (`stopping`), and a launcher's SIGTERM held until a rank has checked its input
 (`sigterm_hold`). `liveness`, `watchdog` and `sigterm_hold` import nothing outside this package; `stopping`
-may also import `common.config` and `common.loop.backend`. Never a backend or the comparison.
+may also import `common.errors` and `common.loop.backend`. Never a backend or the comparison.
 """

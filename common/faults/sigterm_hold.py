@@ -3,7 +3,7 @@
 A launcher that sees one rank fail stops the others at once (torchrun, horovodrun and mpirun send
 SIGTERM). Each rank must still find bad input itself and say so (one line, exit code 2), so from
 start-up until its checks are done a rank holds SIGTERM: a SIGTERM that arrives over good input is
-delivered right after the checks; after bad input `config.fail_usage` ignores it and exits with 2.
+delivered right after the checks; after bad input `errors.fail_usage` ignores it and exits with 2.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import List, Optional
 
-from common.config import print_error
+from common.errors import print_error
 from common.loop.backend import Backend
 from .liveness import PeerState
 from .watchdog import CollectiveWatchdog
@@ -107,9 +107,9 @@ class StopControl:
 
     def _leave(self, first: str, second: Optional[str]) -> None:
         rank = self.backend.rank
-        print_error(f"{self.prog}: error: {first}", rank)
+        print_error(self.prog, first, rank)
         if second:
-            print_error(f"{self.prog}: error: {second}", rank)
+            print_error(self.prog, second, rank)
         sys.stdout.flush()
         self.backend.end_stopped_peers()
         os._exit(1)

@@ -15,7 +15,8 @@ import torch
 from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, SequentialSampler,
                               Subset, TensorDataset)
 
-from common.config import Config, UsageError, check_config
+from common.config import Config, check_config
+from common.errors import UsageError
 from .factories import article, describe_exception, is_factory, load
 
 VAL_FRACTION = 0.2

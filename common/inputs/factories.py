@@ -19,7 +19,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from common.config import UsageError
+from common.errors import UsageError
 
 TORCHVISION = "torchvision"
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
-from common.config import UsageError
+from common.errors import UsageError
 from .factories import describe_exception
 
 TRIAL_SAMPLES = 2  # BatchNorm in training mode needs more than one value per channel

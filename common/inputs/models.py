@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.config import UsageError
+from common.errors import UsageError
 from .factories import TORCHVISION, Factory, article, is_factory, load, torchvision_factory
 
 

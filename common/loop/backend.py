@@ -122,7 +122,7 @@ class Backend(abc.ABC):
 
     # --- lifecycle -----------------------------------------------------------------------
     def check_environment(self) -> None:
-        """Raise common.config.UsageError when this backend cannot run here (before init)."""
+        """Raise common.errors.UsageError when this backend cannot run here (before init)."""
 
     def configure(self, tuning: Tuning) -> None:
         """Take the tuning options; called before init() and wrap()."""

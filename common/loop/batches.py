@@ -14,7 +14,8 @@ from typing import Iterator, List
 
 import torch
 
-from common.config import Config, UsageError, exact_global_batch
+from common.config import Config, exact_global_batch
+from common.errors import UsageError
 from common.inputs.data import make_loaders
 from .backend import Backend
 

@@ -13,7 +13,8 @@ import torch
 
 from common.checkpoints import format as ckpt_io
 from common.checkpoints.during_run import Checkpointer
-from common.config import AMP_FP16_NEEDS_CUDA, Config, UsageError, fail_usage, print_error
+from common.config import AMP_FP16_NEEDS_CUDA, Config
+from common.errors import UsageError, fail_usage, print_error
 from common.exact.step import ExactStep
 from common.faults import sigterm_hold
 from common.faults.stopping import Interrupted, StopControl
@@ -91,7 +92,7 @@ class Trainer:
         except UsageError as exc:
             fail_usage(self.prog, str(exc))
         except NonFinite as exc:
-            print_error(f"{self.prog}: error: {exc}", self.backend.rank)
+            print_error(self.prog, str(exc), self.backend.rank)
             return 1
         except Interrupted as stop:
             self.say(f"stopped by {signal.Signals(stop.signum).name} at step {stop.step}; checkpoint written, "
@@ -109,9 +110,9 @@ class Trainer:
             traceback.print_exc()
             stall = self.backend.explain_stall()
             if stall:
-                print_error(f"{self.prog}: error: {stall}", self.backend.rank)
-            print_error(f"{self.prog}: error: rank {self.backend.rank} failed (traceback above); the launcher "
-                        "stops the other ranks", self.backend.rank)
+                print_error(self.prog, stall, self.backend.rank)
+            print_error(self.prog, f"rank {self.backend.rank} failed (traceback above); the launcher stops the "
+                        "other ranks", self.backend.rank)
             sys.stdout.flush()
             # No graceful shutdown: the other ranks may be waiting in a collective that will never
             # complete, and a clean shutdown would wait for them too.

@@ -21,7 +21,7 @@ import runpy
 import sys
 from typing import List, NoReturn, Optional
 
-from ..config import print_error
+from ..errors import print_error
 from ..launch.placement import detect
 
 PROG = "probe"
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def refuse(message: str) -> NoReturn:
     """What the probe cannot follow: one line, on every rank that finds it, and exit code 2."""
-    print_error(f"{PROG}: error: {message}")
+    print_error(PROG, message)
     sys.stdout.flush()
     os._exit(2)
 
