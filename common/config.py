@@ -244,6 +244,22 @@ class Config:
         """The settings as a JSON-ready dict."""
         return dataclasses.asdict(self)
 
+    @property
+    def exact(self) -> bool:
+        """--reduction exact: fixed-point sums of micro-batch gradients."""
+        return self.reduction == "exact"
+
+    @property
+    def fixed_global_batch(self) -> bool:
+        """Whether the global batch stays the same at every world size (--reduction exact, or --global-batch);
+        otherwise the per-rank batch does and the global batch follows the world size."""
+        return fixed_global_batch(self.reduction, self.global_batch)
+
+
+def fixed_global_batch(reduction: str, global_batch: Optional[int]) -> bool:
+    """The rule of `Config.fixed_global_batch`, on the values of config.json's settings too."""
+    return reduction == "exact" or global_batch is not None
+
 
 def options() -> List[dataclasses.Field]:
     """The declared options, in declaration order."""
@@ -323,8 +339,7 @@ def config_argv(settings: Dict[str, Any], leave_out: Sequence[str] = ("run_dir",
         value = settings.get(field.name, field.default)
         if field.name in leave_out or value == field.default or (field.metadata["repeat"] and not value):
             continue
-        if field.name == "batch_size" and (settings.get("global_batch") is not None
-                                           or settings.get("reduction") == "exact"):
+        if field.name == "batch_size" and fixed_global_batch(settings.get("reduction"), settings.get("global_batch")):
             continue  # the global batch sets it
         flag = flag_of(field)
         if field.type in (bool, "bool"):
@@ -349,7 +364,7 @@ def parse_config(argv: Optional[Sequence[str]], prog: str, description: str) -> 
     try:
         if config.global_batch is not None and "--batch-size" in given:
             raise UsageError("--global-batch and --batch-size both set the batch; give one of them")
-        if config.reduction == "exact" and "--batch-size" in given:
+        if config.exact and "--batch-size" in given:
             raise UsageError("--batch-size does not apply to --reduction exact: its batch does not depend on the world "
                              f"size; give --global-batch (default {EXACT_GLOBAL_BATCH}) instead")
         check_config(config)
@@ -377,7 +392,7 @@ def check_config(config: Config) -> None:
         raise UsageError("--warmup-epochs ramps up to the scaled lr; use it with --lr-scaling linear")
     if config.amp == "fp16" and config.device == "cpu":
         raise UsageError(AMP_FP16_NEEDS_CUDA)
-    if config.reduction == "exact":
+    if config.exact:
         check_exact(config)
     elif config.micro_batch != Config.micro_batch:
         raise UsageError("--micro-batch applies to --reduction exact; drop it or add --reduction exact")

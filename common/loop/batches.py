@@ -20,16 +20,29 @@ from common.inputs.data import make_loaders
 from .backend import Backend
 
 
+def per_rank_batch(config: Config, world: int) -> int:
+    """--reduction allreduce: the samples of one loader batch of a rank at `world` ranks."""
+    return config.global_batch // world if config.global_batch else config.batch_size
+
+
+def global_batch_at(config: Config, world: int) -> int:
+    """The samples of one optimizer step over all ranks at `world` ranks: exact mode's global batch, else the
+    per-rank batch times the world size times --accumulate."""
+    if config.exact:
+        return exact_global_batch(config)
+    return per_rank_batch(config, world) * world * config.accumulate
+
+
 class Batches:
     """This rank's training and validation batches, and how many steps the run takes."""
 
     def __init__(self, config: Config, train_set, val_set, backend: Backend, device: torch.device) -> None:
         self.config = config
         self.rank, self.world_size = backend.rank, backend.world_size
-        self.exact = config.reduction == "exact"
+        self.exact = config.exact
         world = self.world_size
+        self.global_batch = global_batch_at(config, world)
         if self.exact:
-            self.global_batch = exact_global_batch(config)
             self.micro_batches = self.global_batch // config.micro_batch
             if self.micro_batches % world:
                 raise UsageError(f"--global-batch {self.global_batch} makes {self.micro_batches} micro-batches of "
@@ -40,9 +53,7 @@ class Batches:
             if config.global_batch is not None and config.global_batch % world:
                 raise UsageError(f"--global-batch {config.global_batch} does not divide among {world} ranks; give a "
                                  f"multiple of {world}")
-            self.per_rank_batch = config.global_batch // world if config.global_batch else config.batch_size
-            self.accumulate = config.accumulate
-            self.global_batch = self.per_rank_batch * world * self.accumulate
+            self.per_rank_batch, self.accumulate = per_rank_batch(config, world), config.accumulate
         self.train_loader, self.val_loader, self.sampler = make_loaders(
             config, train_set, val_set, self.rank, world, pin_memory=device.type == "cuda",
             batch_size=self.per_rank_batch, global_batch=self.global_batch if self.exact else None)

@@ -28,7 +28,7 @@ from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 from common.rundir.records import config_record, summary_record
 from common.rundir.writer import RunDir
 from .backend import Backend, Tuning
-from .batches import Batches
+from .batches import Batches, global_batch_at
 from .evaluation import evaluate
 from .fingerprint import parameter_names, weight_norms
 from .finite import LossWatch, NonFinite, nonfinite_tensors, weights_message
@@ -137,7 +137,7 @@ class Trainer:
             self.model = build_model(self.model_choice, self.info.channels, self.info.image_size,
                                      self.info.num_classes, config.seed, parse_literals(config.model_arg))
             check_trainable(self.model, config.model, self.train_set, self.info.num_classes,
-                            exact=config.reduction == "exact")
+                            exact=config.exact)
             perturb_ulp(self.model, config.perturb_ulp, config.perturb_pattern)  # every rank alike, before the first broadcast
             backend.select_device(config.device)
         except (UsageError, ValueError, RuntimeError) as exc:
@@ -166,7 +166,7 @@ class Trainer:
         """Loaders, the model on its device, the optimizer wrapped by the backend, and the position to
         start from (a checkpoint's, or the beginning)."""
         config, backend = self.config, self.backend
-        self.exact = config.reduction == "exact"
+        self.exact = config.exact
         # Exact mode computes every micro-batch with the same thread count at every world size: the
         # thread count can change a result's bits.
         self.threads = config.threads or (EXACT_THREADS if self.exact else default_threads(backend.local_world_size))
@@ -178,7 +178,7 @@ class Trainer:
               f"{backend.local_rank}/{backend.local_world_size} host {backend.host()} device {backend.device} "
               f"threads {self.threads}", flush=True)
         self.batches = Batches(config, self.train_set, self.val_set, backend, backend.device)
-        fixed_global = self.exact or config.global_batch is not None
+        fixed_global = config.fixed_global_batch
         self.settings = {"model": config.model, "dataset": config.dataset, "image_size": self.info.image_size,
                          # a per-rank batch that follows the world size is no reason to refuse a checkpoint
                          "batch_size": None if fixed_global else config.batch_size,
@@ -427,7 +427,7 @@ class Trainer:
             self.batches.total_steps = self.batches.last_step(position.epoch, position.step)
             note = (f"world size changed {old_world} -> {backend.world_size} at the start of epoch "
                     f"{position.epoch + 1}: global batch "
-                    f"{self.settings['global_batch'] or config.batch_size * old_world * config.accumulate} -> "
+                    f"{self.settings['global_batch'] or global_batch_at(config, old_world)} -> "
                     f"{self.batches.global_batch}, lr {old_lr:g} -> {self.lr_at(position.step):g}"
                     + (" (--lr-scaling linear)" if config.lr_scaling == "linear" else ""))
             position.notes.append(note)
