@@ -1,11 +1,11 @@
-"""One optimizer step, the data-parallel way: each rank runs its micro-batches through the wrapped
-model, the backend averages the gradients during backward, they are unscaled and clipped, and the
-optimizer applies them."""
+"""One optimizer step: what every kind of step offers the loop (`Step`), and the data-parallel way
+(`AllreduceStep`): each rank runs its micro-batches through the wrapped model, the backend averages
+the gradients during backward, they are unscaled and clipped, and the optimizer applies them."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Protocol, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +13,32 @@ import torch.nn.functional as F
 from .backend import Backend
 from .metrics import SumMeter
 from .precision import Precision
+
+
+class Step(Protocol):
+    """One optimizer step as the loop drives it; `AllreduceStep` and `common.exact.step.ExactStep` are two."""
+
+    #: whether the training metrics it adds to the meter are already global (else this rank's, summed later)
+    global_meter: bool
+    #: what a rank in this step is said to do (common.faults.liveness)
+    doing: str
+
+    def __call__(self, group: List[Tuple[torch.Tensor, torch.Tensor]], meter: SumMeter,
+                 step: int) -> Tuple[torch.Tensor, int]:
+        """Train on `group` (the loader batches of step `step`), adding its metrics to `meter`; returns
+        (the step's loss, samples in the step)."""
+
+    def bytes_per_step(self) -> int:
+        """Bytes each rank hands the collectives per step."""
+
+    def take_comm_seconds(self) -> float:
+        """Exposed communication time since the last call."""
+
+    def state_dict(self) -> Any:
+        """What a checkpoint keeps of the step (None: nothing)."""
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore what state_dict returned."""
 
 
 class AllreduceStep:

@@ -25,7 +25,7 @@ from common.inputs.models import build_model, choose_model, gradient_bytes
 from common.inputs.perturb import perturb_ulp
 from common.launch.placement import default_threads
 from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
-from common.rundir.records import config_record, summary_record
+from common.rundir.records import RunOutcome, RunSetup, config_record, summary_record
 from common.rundir.writer import RunDir
 from .backend import Backend, Tuning
 from .batches import Batches, global_batch_at
@@ -37,7 +37,7 @@ from .optim import lr_at, make_optimizer, set_lr
 from .precision import Precision
 from .profiling import PROFILE_DIR, StepProfiler
 from .progress import epoch_bar
-from .stepping import AllreduceStep
+from .stepping import AllreduceStep, Step
 from .steptimer import StepTimer
 
 TRAIN_METRICS = ["loss", "correct"]
@@ -68,7 +68,7 @@ class Trainer:
     """
 
     batches: Batches
-    step: AllreduceStep
+    step: Step
     checkpointer: Checkpointer
     stop: StopControl
     timer: StepTimer
@@ -311,9 +311,11 @@ class Trainer:
         self.check_weights(MODEL_FILE)
         state = self.plain_model.state_dict()
         epochs_done = pos.epoch + (1 if pos.batch else 0)  # an epoch cut short by --max-steps counts
-        summary = summary_record(self.config, backend, pos.step, epochs_done, pos.resumed_from,
-                                 self.batches.global_batch, self.timer.samples_per_s(), self.timer.train_seconds,
-                                 self.timer.time_split(), train, evaluation, state, self.step.bytes_per_step())
+        summary = summary_record(RunOutcome(
+            self.config, backend, steps=pos.step, epochs=epochs_done, resumed_from=pos.resumed_from,
+            global_batch=self.batches.global_batch, samples_per_s=self.timer.samples_per_s(),
+            train_s=self.timer.train_seconds, time_split=self.timer.time_split(), train=train, evaluation=evaluation,
+            state=state, reduced_bytes_per_step=self.step.bytes_per_step()))
         self.run_dir.log("summary", **summary)
         self.run_dir.save_model(state)
         self.run_dir.write_json(SUMMARY_FILE, summary)
@@ -445,11 +447,13 @@ class Trainer:
         pos = self.position
         self.run_dir = RunDir(self.config.run_dir, self.backend.is_main, tensorboard=self.config.tensorboard)
         self.run_dir.open(keep_until_step=pos.step if pos.resumed_from else None)
-        self.run_dir.write_json(CONFIG_FILE, config_record(
-            self.config, self.backend, rank_hosts, self.threads, self.info, self.model_choice.record(),
-            len(self.train_set), len(self.val_set), self.batches, self.precision.describe(), self.profiler.describe(), pos.resumed_from,
+        self.run_dir.write_json(CONFIG_FILE, config_record(RunSetup(
+            self.config, self.backend, rank_hosts, threads=self.threads, info=self.info,
+            model_factory=self.model_choice.record(), train_samples=len(self.train_set),
+            val_samples=len(self.val_set), batches=self.batches, precision=self.precision.describe(),
+            profile=self.profiler.describe(), resumed_from=pos.resumed_from,
             buffers=[name for name, _ in self.plain_model.named_buffers()],
-            parameters=parameter_names(self.plain_model)))
+            parameters=parameter_names(self.plain_model))))
         for note in pos.notes:
             self.run_dir.log("note", step=pos.step, message=note)
         # The weights training starts from (after the broadcast or a resume): the step events' wnorm continue it.

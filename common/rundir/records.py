@@ -7,6 +7,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Dict, List, Optional
 
@@ -58,66 +59,103 @@ def command_line() -> str:
     return " ".join([os.path.basename(sys.executable), *sys.argv])
 
 
-def config_record(config: Config, backend: Backend, rank_hosts: List[str], threads: int, info: DataInfo,
-                  model_factory: Optional[Dict], train_samples: int, val_samples: int, batches: Batches,
-                  precision: Dict, profile: Dict, resumed_from: Optional[str], buffers: List[str],
-                  parameters: List[str]) -> Dict:
-    """config.json: the resolved settings and everything about where and how the run ran. `factories` names
-    where a model or dataset given by import path came from (None for the built-ins); `buffers` names the
-    model's buffers (state that is not a parameter, such as BatchNorm's running statistics); `parameters` names
-    its parameters in the order of the step events' `wnorm` (common.loop.fingerprint)."""
-    factories = {"model": model_factory, "dataset": info.factory}
+@dataclass(frozen=True)
+class RunSetup:
+    """What config.json records of a run as it starts. `model_factory` (and the dataset's `info.factory`)
+    names where a model or dataset given by import path came from (None for the built-ins); `buffers` names
+    the model's buffers (state that is not a parameter, such as BatchNorm's running statistics); `parameters`
+    names its parameters in the order of the step events' `wnorm` (common.loop.fingerprint)."""
+
+    config: Config
+    backend: Backend
+    rank_hosts: List[str]
+    threads: int
+    info: DataInfo
+    model_factory: Optional[Dict]
+    train_samples: int
+    val_samples: int
+    batches: Batches
+    precision: Dict
+    profile: Dict
+    resumed_from: Optional[str]
+    buffers: List[str]
+    parameters: List[str]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What summary.json records of a run as it ends: `state` is its final weights, `reduced_bytes_per_step`
+    what each rank handed the collectives per step."""
+
+    config: Config
+    backend: Backend
+    steps: int
+    epochs: int
+    resumed_from: Optional[str]
+    global_batch: int
+    samples_per_s: Optional[float]
+    train_s: float
+    time_split: Dict
+    train: Dict
+    evaluation: Dict
+    state: Dict[str, torch.Tensor]
+    reduced_bytes_per_step: int
+
+
+def config_record(run: RunSetup) -> Dict:
+    """config.json: the resolved settings and everything about where and how the run ran."""
+    config, backend, batches, info = run.config, run.backend, run.batches, run.info
+    factories = {"model": run.model_factory, "dataset": info.factory}
     return {
         "config": config.to_dict(),
         "backend": backend.describe(),
         "world_size": backend.world_size,
-        "hosts": sorted(set(rank_hosts)),
-        "rank_hosts": rank_hosts,
+        "hosts": sorted(set(run.rank_hosts)),
+        "rank_hosts": run.rank_hosts,
         "launcher": launcher_name(os.environ),
         "command": command_line(),
-        "threads": threads,
+        "threads": run.threads,
         "device": str(backend.device),
-        "dataset": {"train_samples": train_samples, "val_samples": val_samples, "channels": info.channels,
+        "dataset": {"train_samples": run.train_samples, "val_samples": run.val_samples, "channels": info.channels,
                     "image_size": info.image_size, "num_classes": info.num_classes},
         "factories": factories,
-        "buffers": buffers,
-        "parameters": parameters,
+        "buffers": run.buffers,
+        "parameters": run.parameters,
         "steps_per_epoch": batches.steps_per_epoch,
         "total_steps": batches.total_steps,
         "global_batch": batches.global_batch,
         "per_rank_batch": batches.per_rank_batch,
         "reduction": config.reduction,
         "micro_batches_per_step": batches.micro_batches if batches.exact else config.accumulate,
-        "precision": precision,
-        "profile": profile,
-        "resumed_from": resumed_from,
+        "precision": run.precision,
+        "profile": run.profile,
+        "resumed_from": run.resumed_from,
         "versions": versions(),
     }
 
 
-def summary_record(config: Config, backend: Backend, steps: int, epochs: int, resumed_from: Optional[str],
-                   global_batch: int, samples_per_s: Optional[float], train_s: float, time_split: Dict,
-                   train: Dict, evaluation: Dict, state: Dict[str, torch.Tensor], reduced_bytes_per_step: int) -> Dict:
+def summary_record(run: RunOutcome) -> Dict:
     """summary.json: the run's final numbers and the checksum of its final weights."""
+    config, backend, train, evaluation = run.config, run.backend, run.train, run.evaluation
     return {
         "backend": backend.name,
         "backend_options": backend.describe(),
         "world_size": backend.world_size,
         "model": config.model,
         "dataset": config.dataset,
-        "epochs": epochs,
-        "steps": steps,
-        "resumed_from": resumed_from,
-        "global_batch": global_batch,
-        "samples_per_s": samples_per_s,
-        "train_s": train_s,
+        "epochs": run.epochs,
+        "steps": run.steps,
+        "resumed_from": run.resumed_from,
+        "global_batch": run.global_batch,
+        "samples_per_s": run.samples_per_s,
+        "train_s": run.train_s,
         "wall_s": time.time() - psutil.Process().create_time(),  # whole process, imports included
         "train_loss": train.get("loss"),
         "train_top1": train.get("top1"),
         "val_loss": evaluation.get("loss"),
         "val_top1": evaluation.get("top1"),
         "val_top5": evaluation.get("top5"),
-        "time_split": time_split,
-        "reduced_bytes_per_step": reduced_bytes_per_step,
-        "weights_sha256": weights_sha256(state),
+        "time_split": run.time_split,
+        "reduced_bytes_per_step": run.reduced_bytes_per_step,
+        "weights_sha256": weights_sha256(run.state),
     }
