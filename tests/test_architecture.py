@@ -18,7 +18,7 @@ ALLOWED = {
     "common.config": {"common.errors"},
     "common.inputs": {"common.config", "common.errors"},
     "common.exact": {"common.config", "common.loop"},
-    "common.checkpoints": {"common.loop"},
+    "common.checkpoints": {"common.config", "common.loop"},
     "common.faults": {"common.errors", "common.loop"},
     "common.loop": {"common.config", "common.errors", "common.faults", "common.inputs", "common.launch"},
     "common.rundir": {"common.checkpoints", "common.config", "common.inputs", "common.launch", "common.loop"},

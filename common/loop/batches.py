@@ -77,6 +77,10 @@ class Batches:
         total = from_step + (self.config.epochs - from_epoch) * self.steps_per_epoch
         return total if self.config.max_steps is None else min(total, self.config.max_steps)
 
+    def continue_from(self, epoch: int, step: int) -> None:
+        """A run resumed at this world size from (epoch, step) ends at its own last step."""
+        self.total_steps = self.last_step(from_epoch=epoch, from_step=step)
+
     def epoch(self, epoch: int, skip: int) -> Iterator[List]:
         """The groups of loader batches (one per step) of `epoch`, leaving out its first `skip` loader batches."""
         self.sampler.set_epoch(epoch)

@@ -8,7 +8,8 @@ step (allocation, warm-up) and the time spent writing checkpoints.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+import contextlib
+from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 
@@ -54,6 +55,13 @@ class StepTimer:
         """`seconds` just went to a checkpoint: not training time, and not part of the next step."""
         self.paused_s += seconds
         self.t_prev = self.clock.now()
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Time spent inside (writing a checkpoint) is not training time, and not part of the next step."""
+        started = self.clock.now()
+        yield
+        self.paused(self.clock.now() - started)
 
     def next_fetch(self) -> None:
         """The loop asks the loader for the next step's batches now."""

@@ -6,13 +6,13 @@ import os
 import signal
 import sys
 import traceback
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 
 from common.checkpoints import format as ckpt_io
 from common.checkpoints.during_run import Checkpointer
+from common.checkpoints.resume import carry_over
 from common.config import AMP_FP16_NEEDS_CUDA, Config
 from common.errors import UsageError, fail_usage, print_error
 from common.exact.step import ExactStep
@@ -28,12 +28,13 @@ from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 from common.rundir.records import RunOutcome, RunSetup, config_record, summary_record
 from common.rundir.writer import RunDir
 from .backend import Backend, Tuning
-from .batches import Batches, global_batch_at
+from .batches import Batches
 from .evaluation import evaluate
 from .fingerprint import parameter_names, weight_norms
 from .finite import LossWatch, NonFinite, nonfinite_tensors, weights_message
 from .metrics import SumMeter
 from .optim import lr_at, make_optimizer, set_lr
+from .position import Position
 from .precision import Precision
 from .profiling import PROFILE_DIR, StepProfiler
 from .progress import epoch_bar
@@ -43,19 +44,6 @@ from .steptimer import StepTimer
 TRAIN_METRICS = ["loss", "correct"]
 #: intra-op threads per process in --reduction exact unless --threads says otherwise
 EXACT_THREADS = 1
-
-
-@dataclass
-class Position:
-    """Where training stands: the epoch being trained, its micro-batches done, global steps done, and
-    this rank's partial sums of the epoch's metrics."""
-
-    epoch: int
-    batch: int
-    step: int
-    meter: SumMeter
-    resumed_from: Optional[str] = None
-    notes: List[str] = field(default_factory=list)
 
 
 class Trainer:
@@ -358,12 +346,11 @@ class Trainer:
     def save_checkpoint(self) -> None:
         """A checkpoint of where training stands (a collective); its write is left out of the timing."""
         self.backend.activity.set("writing a checkpoint")
-        started = self.timer.clock.now()
-        state = self.state_dict()
-        path = self.checkpointer.save(state)
-        if path:
-            self.run_dir.log("checkpoint", epoch=state["epoch"], step=state["step"], path=path)
-        self.timer.paused(self.timer.clock.now() - started)
+        with self.timer.pause():
+            state = self.state_dict()
+            path = self.checkpointer.save(state)
+            if path:
+                self.run_dir.log("checkpoint", epoch=state["epoch"], step=state["step"], path=path)
 
     # --- the state of training ---------------------------------------------------------------------
     def state_dict(self) -> Dict:
@@ -406,34 +393,7 @@ class Trainer:
         self.step.load_state_dict(state.get("step_state"))
         position = Position(int(state["epoch"]), int(state["batch"]), int(state["step"]), self.new_meter(),
                             resumed_from=origin)
-        old_world = int(state["world_size"])
-        if self.exact:
-            # Nothing of an exact run depends on the world size: the position, the metrics so far (the same
-            # on every rank) and the random numbers (keyed by step and micro-batch) carry over as they are.
-            position.meter.load([float(v) for v in state["meter"][0]])
-            if old_world != backend.world_size:
-                position.notes.append(f"world size changed {old_world} -> {backend.world_size} at step "
-                                      f"{position.step} (--reduction exact: the same global batches)")
-                self.say(position.notes[-1])
-        elif old_world == backend.world_size:
-            torch.set_rng_state(state["rng"][backend.rank])
-            position.meter.load([float(v) for v in state["meter"][backend.rank]])
-        elif position.batch != 0:
-            raise ckpt_io.CheckpointError(
-                f"{origin} was written mid-epoch (epoch {position.epoch + 1}, batch {position.batch}) at world size "
-                f"{old_world}; a different world size ({backend.world_size}) can only resume from an epoch-end "
-                "checkpoint, since the sample order of an epoch depends on the world size")
-        else:
-            torch.manual_seed(config.seed + backend.rank + 1_000 * position.epoch)
-            old_lr = lr_at(config, position.step, self.batches.steps_per_epoch, self.batches.total_steps, old_world)
-            self.batches.total_steps = self.batches.last_step(position.epoch, position.step)
-            note = (f"world size changed {old_world} -> {backend.world_size} at the start of epoch "
-                    f"{position.epoch + 1}: global batch "
-                    f"{self.settings['global_batch'] or global_batch_at(config, old_world)} -> "
-                    f"{self.batches.global_batch}, lr {old_lr:g} -> {self.lr_at(position.step):g}"
-                    + (" (--lr-scaling linear)" if config.lr_scaling == "linear" else ""))
-            position.notes.append(note)
-            self.say(note)
+        carry_over(state, position, origin, config, backend, self.batches, self.settings, self.say)
         self.say(f"resuming from {origin}: epoch {position.epoch + 1}, batch {position.batch}, step {position.step}")
         self.position = position
 
