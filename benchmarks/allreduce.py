@@ -33,7 +33,7 @@ from common.compare import arguments, tables
 from common.errors import print_error
 
 from .allreduce_worker import MPI_ALGORITHM_VARIABLE
-from .jobs import Workers, run_cli
+from .jobs import Workers, add_np, add_out, add_timeout, run_cli
 from .machine import Record, cores, figure_title, load_note, write_json
 
 #: series name -> launcher that starts it
@@ -129,11 +129,10 @@ def algorithm_env(name: Optional[str]) -> Dict[str, str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.allreduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--np", dest="world_sizes", type=arguments.world_sizes, default=[2, 4],
-                   help="world sizes, e.g. 2,4")
+    add_np(p, [2, 4], "world sizes, e.g. 2,4", dest="world_sizes")
     p.add_argument("--backends", default=",".join(SERIES),
                    help=f"comma-separated, from {', '.join(SERIES)}")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="where the JSON and PNG go")
+    add_out(p, "where the JSON and PNG go")
     p.add_argument("--min-bytes", type=arguments.byte_size, default=4)
     p.add_argument("--max-bytes", type=arguments.byte_size, default=256 * 2**20)
     p.add_argument("--factor", type=int, choices=(2, 4), default=4, help="message size step")
@@ -147,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure the Open MPI series (mpi, horovod-mpi) once per allreduce algorithm, e.g. "
                         "default,ring,rabenseifner (sets OMPI_MCA_coll_tuned_use_dynamic_rules=1 and "
                         "OMPI_MCA_coll_tuned_allreduce_algorithm=N)")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds before one launch is stopped")
+    add_timeout(p, 1800, "seconds before one launch is stopped")
     p.add_argument("--hosts", "-H", default=None, metavar="HOST:SLOTS,...",
                    help="run across these hosts (node0:1,node1:1), each world size placed on them in order; needs "
                         "passwordless ssh and the same paths on every host (check with python -m common.doctor)")

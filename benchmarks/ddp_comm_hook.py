@@ -78,17 +78,18 @@ def worker(args) -> int:
 
 
 def main(argv=None) -> int:
+    from .jobs import add_np, add_out, add_timeout
     p = argparse.ArgumentParser(prog="python -m benchmarks.ddp_comm_hook", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--np", type=int, default=2, help="ranks of each run")
+    add_np(p, 2, "ranks of each run")
     p.add_argument("--model", default="convnet")
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--blocks", type=int, default=6, help="turns each variant takes")
     p.add_argument("--steps", type=int, default=15, help="steps per turn (the first 2 untimed)")
     p.add_argument("--runs", type=int, default=3, help="separate jobs, one after another")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--timeout", type=float, default=600, help="seconds before one run is stopped")
+    add_out(p)
+    add_timeout(p, 600)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

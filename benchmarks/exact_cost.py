@@ -29,11 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from common.compare import stats, tables
-from common.compare.arguments import world_sizes
 from common.errors import print_error
 from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 
-from .jobs import add_places, JobFailed, run_cli, run_job, worker_command
+from .jobs import add_np, add_places, add_timeout, JobFailed, run_cli, run_job, worker_command
 from .machine import Record, publish
 
 MODELS = {"convnet": 32, "resnet18": 64}
@@ -143,7 +142,7 @@ def distance(args, work: Path, failures: List[Dict]) -> Optional[Dict]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.exact_cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--np", type=world_sizes, default=[1, 2, 3], help="world sizes, e.g. 1,2,3")
+    add_np(p, [1, 2, 3], "world sizes, e.g. 1,2,3")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
     p.add_argument("--global-batch", type=int, default=48, help="samples per step, in both modes")
     p.add_argument("--micro-batch", type=int, default=8, help="exact mode's micro-batch")
@@ -151,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no-distance", dest="distance", action="store_false",
                    help="skip the two default trainings (minutes)")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds before one run is stopped")
+    add_timeout(p, 1800)
     add_places(p, "runs/bench-exact")
     return p
 

@@ -72,15 +72,16 @@ def worker(args) -> int:
 
 
 def main(argv=None) -> int:
+    from .jobs import add_np, add_out
     p = argparse.ArgumentParser(prog="python -m benchmarks.horovod_cycle", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--np", type=int, default=2)
+    add_np(p, 2)
     p.add_argument("--cycle-ms", type=arguments.csv_list(float, minimum=0), default=[1, 5, 10, 20],
                    help="HOROVOD_CYCLE_TIME values to measure, e.g. 1,5,10,20")
     p.add_argument("--controllers", type=arguments.csv_list(str, ("gloo", "mpi")), default=["gloo", "mpi"])
     p.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle Horovod measured")
     p.add_argument("--matmuls", type=int, default=400, help="384x384 matrix products per compute timing")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    add_out(p)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

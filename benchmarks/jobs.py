@@ -9,18 +9,39 @@ import os
 import resource
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from common import launch
+from common.compare.arguments import world_sizes
 from common.launch.hosts import parse_hosts, place, spell
 from common.launch.remote import commands_for, run_commands, shown
 
 from .machine import REPO
 
 
+#: where the benchmarks' results go (kept in git)
+RESULTS = Path("benchmarks/results")
+
+
+def add_out(parser: argparse.ArgumentParser, help: Optional[str] = None) -> None:
+    """--out: the folder of the result files."""
+    parser.add_argument("--out", type=Path, default=RESULTS, help=help)
+
+
+def add_np(parser: argparse.ArgumentParser, default: Any, help: Optional[str] = None, **kwargs: Any) -> None:
+    """--np: the ranks of each job (an int), or the world sizes to measure (when `default` is a list: 1,2,4)."""
+    parse = world_sizes if isinstance(default, list) else int
+    parser.add_argument("--np", type=parse, default=default, help=help, **kwargs)
+
+
+def add_timeout(parser: argparse.ArgumentParser, default: float, help: str = "seconds before one run is stopped") -> None:
+    """--timeout: seconds before one run (or job, or phase) is stopped."""
+    parser.add_argument("--timeout", type=float, default=default, help=help)
+
+
 def add_places(parser: argparse.ArgumentParser, work: str) -> None:
     """--out (where the result goes, kept in git) and --work (the run directories, not kept)."""
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="where the JSON (and PNG) go")
+    add_out(parser, "where the JSON (and PNG) go")
     parser.add_argument("--work", type=Path, default=Path(work), help="run directories (not kept in git)")
 
 

@@ -21,7 +21,6 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Callable, Dict
 
 import torch
@@ -37,6 +36,7 @@ from common.rundir.writer import RunDir
 from common.compare import tables
 from common.faults.stopping import CHECK_PERIOD_S, MAX_CHECK_EVERY
 
+from .jobs import add_out
 from .machine import Record, write_json
 
 
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (one rank of two on two cores: 1)")
     p.add_argument("--repeats", type=int, default=500, help="timings of each piece (median)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    add_out(p)
     args = p.parse_args(argv)
     from .throughput import parse_image_sizes
 

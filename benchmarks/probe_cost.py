@@ -74,17 +74,18 @@ def parse_cases(text: str):
 
 
 def main(argv=None) -> int:
+    from .jobs import add_np, add_out, add_timeout
     p = argparse.ArgumentParser(prog="python -m benchmarks.probe_cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--np", type=int, default=2, help="ranks of each job")
+    add_np(p, 2, "ranks of each job")
     p.add_argument("--cases", default="resnet18=224,convnet=32", help="MODEL=IMAGE_SIZE,... (synthetic images)")
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     p.add_argument("--steps", type=int, default=12, help="steps per job (the first 2 untimed)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--repeats", type=int, default=3, help="jobs of each kind per case, alternating")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    add_out(p)
     p.add_argument("--work", type=Path, default=Path("runs/bench/probe_cost"), help="the probe's run directories")
-    p.add_argument("--timeout", type=float, default=900, help="seconds before one job is stopped")
+    add_timeout(p, 900, "seconds before one job is stopped")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--image-size", type=int, help=argparse.SUPPRESS)

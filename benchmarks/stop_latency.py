@@ -27,7 +27,7 @@ from common.compare import tables
 from common.errors import print_error
 from common.rundir.reader import events_so_far
 
-from .jobs import add_places, job_env, run_cli
+from .jobs import add_np, add_places, add_timeout, job_env, run_cli
 from .machine import REPO, Record, publish
 
 LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
@@ -81,13 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.stop_latency", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--launchers", default=",".join(LAUNCHERS), help=f"comma-separated, from {', '.join(LAUNCHERS)}")
-    p.add_argument("--np", type=int, default=2, help="ranks per job")
+    add_np(p, 2, "ranks per job")
     p.add_argument("--model", default="resnet18")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=24)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps-before", type=int, default=2, help="steps logged before the signal")
-    p.add_argument("--timeout", type=float, default=300, help="seconds each phase may take before it fails")
+    add_timeout(p, 300, "seconds each phase may take before it fails")
     add_places(p, "runs/bench-stop")
     return p
 

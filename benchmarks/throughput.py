@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from common import launch
-from common.compare import arguments, stats, tables
+from common.compare import stats, tables
 from common.config import build_parser as training_parser
 from common.errors import print_error
 from common.rundir.names import CONFIG_FILE, LAUNCH_LOG, SUMMARY_FILE
 
-from .jobs import add_places, JobFailed, children_cpu_s, run_cli, run_job, run_jobs_together, worker_command
+from .jobs import add_np, add_places, add_timeout, JobFailed, children_cpu_s, run_cli, run_job, run_jobs_together, worker_command
 from .machine import Record, cores, figure_title, load_note, write_json
 
 #: label -> the launcher its runs are started with (common.launch)
@@ -152,8 +152,7 @@ def knob_args(knob: str, value: str) -> Tuple[List[str], Dict[str, Optional[str]
 def build_cli() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--np", dest="world_sizes", type=arguments.world_sizes, default=[1, 2, 4],
-                   help="world sizes, e.g. 1,2,4")
+    add_np(p, [1, 2, 4], "world sizes, e.g. 1,2,4", dest="world_sizes")
     p.add_argument("--backends", default="ddp,horovod-gloo", help=f"comma-separated, from {', '.join(BACKENDS)}")
     p.add_argument("--models", default="convnet,resnet18", help="comma-separated models")
     p.add_argument("--dataset", choices=DATASETS, default="synthetic",
@@ -169,7 +168,7 @@ def build_cli() -> argparse.ArgumentParser:
     p.add_argument("--sweep", type=parse_sweep, action="append", default=[], metavar="KNOB=v1,v2",
                    help="measure again for each value of a training option or environment variable (auto: unset)")
     add_places(p, "runs/bench")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds before one run is stopped")
+    add_timeout(p, 1800)
     return p
 
 

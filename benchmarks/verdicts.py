@@ -31,7 +31,7 @@ from common.compare import analysis, floor, tables, trajectory
 from common.rundir.names import LAUNCH_LOG, SUMMARY_FILE
 from common.rundir.reader import read_run
 
-from .jobs import JobFailed, add_places, run_cli, run_job
+from .jobs import JobFailed, add_places, add_timeout, run_cli, run_job
 from .machine import Record, publish
 
 DDP = "torchrun"
@@ -172,7 +172,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--max-floor", type=int, default=5, help="judge against floors of 1..N disturbed runs")
     p.add_argument("--quick", action="store_true", help="two pairs at a tiny size (a check of the pipeline)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds before a run is stopped")
+    add_timeout(p, 900, "seconds before a run is stopped")
     add_places(p, "runs/bench-verdicts")
     args = p.parse_args(argv)
     record = Record("verdicts", argv)
