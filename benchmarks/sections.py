@@ -6,30 +6,15 @@ relative to the results folder."""
 
 from __future__ import annotations
 
-import json
-import math
-import shlex
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional
 
 from common.compare import arguments, stats, tables
 from common.compare.benchmarks import loop_ratios
 
-from .throughput import sets_nothing
+from .formatting import NAMES, framed, met, ms, rounded, row_at, setting, spread_cell, when
+from .result_files import MISSING_FILE, Results
+from .targets import target, targets
 
-#: the project's targets, the one place they are written down: name -> (value, how it reads)
-TARGETS = {
-    "loop_ratio": (1.02, "1.02"),
-    "scaling": (0.90, "0.90"),
-    "busbw_of_limit": (0.50, "50%"),
-    "data_frac": (0.05, "5%"),
-    "probe_cost": (0.02, "2%"),
-}
-#: how a series or run label reads in the tables
-NAMES = {"torch-gloo": "torch gloo", "horovod-gloo": "Horovod/Gloo", "horovod-mpi": "Horovod/MPI",
-         "mpi": "Open MPI alone", "ddp": "DDP", "bare-ddp": "bare DDP (seed)",
-         "bare-ddp-batched": "bare DDP (batched)", "independent": "independent N x 1"}
 #: the order of runs in a throughput table
 RUN_ORDER = ["bare-ddp", "bare-ddp-batched", "ddp", "horovod-gloo", "horovod-mpi", "independent"]
 #: swept knob -> (backend_options field with the value a run used, field saying who chose it or None, unit)
@@ -37,114 +22,6 @@ KNOB_RECORDS = {"HOROVOD_CYCLE_TIME": ("cycle_time_ms", "cycle_time_source", " m
                 "OMPI_MCA_mpi_yield_when_idle": ("mpi_yield_when_idle", "mpi_yield_source", ""),
                 "deterministic": ("fusion_threshold_bytes", None, " B fusion threshold"),
                 "HVD_TRAIN_WAIT": ("wait", "wait_source", "")}
-#: what gets printed where a result file has not been written yet
-MISSING_FILE = "_Not measured yet: `benchmarks/run_all.sh` writes `{path}`._"
-
-
-class Results:
-    """The result files under one folder, read once each; remembers which were cited."""
-
-    def __init__(self, folder: Path, shown_as: str = "benchmarks/results") -> None:
-        self.folder, self.shown_as = Path(folder), shown_as
-        self._cache: Dict[str, Optional[Dict]] = {}
-
-    def path(self, name: str) -> str:
-        """How the document names a result file."""
-        return f"{self.shown_as}/{name}"
-
-    def get(self, name: str) -> Optional[Dict]:
-        """The parsed result, None when the file does not exist; ValueError when it is not a result."""
-        if name not in self._cache:
-            file = self.folder / name
-            if not file.is_file():
-                self._cache[name] = None
-            else:
-                try:
-                    self._cache[name] = json.loads(file.read_text())
-                except ValueError as exc:
-                    raise ValueError(f"{file} is not JSON ({exc}); re-run the step of benchmarks/run_all.sh "
-                                     "that writes it") from None
-        return self._cache[name]
-
-    def all_files(self) -> List[str]:
-        """Every benchmark result in the folder (JSON with a "benchmark" field), sorted."""
-        names = sorted(str(p.relative_to(self.folder)) for p in self.folder.rglob("*.json"))
-        return [n for n in names if isinstance(self.get(n), dict) and "benchmark" in self.get(n)]
-
-
-# ---- numbers as the document shows them ----
-
-def rounded(value: Optional[float], digits: int = 3) -> str:
-    """`digits` significant digits without an exponent: 2162.8 -> "2163", 15.43 -> "15.4", 0.1362 -> "0.136"."""
-    if value is None or not math.isfinite(value):
-        return tables.MISSING
-    if value == 0:
-        return "0"
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
-    return f"{value:.{decimals}f}"
-
-
-def ms(seconds: Optional[float]) -> str:
-    """Seconds as milliseconds, two significant digits: "0.14 ms", "15 ms", "218 ms"."""
-    return tables.MISSING if seconds is None else f"{rounded(seconds * 1e3, 2)} ms"
-
-
-def spread_cell(cell: Optional[Dict]) -> str:
-    """A throughput cell: median (min–max), three significant digits."""
-    if not cell:
-        return tables.MISSING
-    decimals = max(0, 2 - math.floor(math.log10(abs(cell["median"])))) if cell["median"] else 0
-    return tables.measured(cell["median"], cell["min"], cell["max"], f".{decimals}f")
-
-
-def when(result: Dict) -> str:
-    """The UTC day a result was measured, "–" when it does not say."""
-    started = result.get("started")
-    return datetime.fromtimestamp(started, tz=timezone.utc).strftime("%Y-%m-%d") if started else tables.MISSING
-
-
-def target(name: str) -> str:
-    """A target as the prose reads it."""
-    return TARGETS[name][1]
-
-
-# ---- what every table carries: its command and its source ----
-
-def command_block(result: Dict, width: int = 100) -> str:
-    """The command that wrote a result, wrapped between options (an option stays with its values)."""
-    groups: List[str] = []
-    for word in shlex.split(result["command"]):
-        piece = shlex.quote(word)
-        if groups and not word.startswith("-"):
-            groups[-1] += " " + piece
-        else:
-            groups.append(piece)
-    lines = [""]
-    for group in groups:
-        if lines[-1] and len(lines[-1]) + len(group) + 1 > width:
-            lines[-1] += " \\"
-            lines.append("    " + group)
-        else:
-            lines[-1] = f"{lines[-1]} {group}" if lines[-1] else group
-    return "```bash\n" + "\n".join(lines) + "\n```"
-
-
-def source_line(results: Results, name: str) -> str:
-    """Which file the numbers above come from, when they were measured and under what load."""
-    result = results.get(name)
-    load = (result.get("load_before") or {}).get("1m")
-    loaded = ", **under load**" if result.get("under_load") else ""
-    return f"Source: `{results.path(name)}` (measured {when(result)}, 1-minute load {load} before starting{loaded})."
-
-
-def framed(results: Results, names: Sequence[str], body: Callable[[], str]) -> str:
-    """The commands, the block's body and its sources; the missing-file note instead when a file is not there."""
-    missing = [n for n in names if results.get(n) is None]
-    if missing:
-        return "\n\n".join(MISSING_FILE.format(path=results.path(n)) for n in missing)
-    commands = "\n\n".join(command_block(results.get(n)) for n in names)
-    sources = " ".join(source_line(results, n) for n in names)
-    return f"{commands}\n\n{body()}\n\n{sources}"
 
 
 # ---- machines ----
@@ -179,113 +56,6 @@ def machines(results: Results) -> str:
                      ((r["machine"].get("versions") or {}).get("project_git") or tables.MISSING)[:12]])
     return "\n".join(lines) + "\n\n" + tables.markdown(
         ["result", "measured (UTC)", "1-minute load before", "under_load", "git revision"], rows)
-
-
-# ---- targets ----
-
-def _met(ok: Optional[bool]) -> str:
-    return "not measured" if ok is None else "yes" if ok else "no"
-
-
-def _reference_case(result: Dict) -> Optional[Dict]:
-    """The case of a sweep with the knob left to the program: no knob set, or a value that sets nothing
-    (auto, a flag's off)."""
-    return next((c for c in result["cases"]
-                 if c["knob"] is None or sets_nothing(c.get("train_args") or [], c.get("env") or {})), None)
-
-
-def _loop_target(tp: Dict) -> tuple:
-    limit = TARGETS["loop_ratio"][0]
-    shown, verdicts = [], []
-    for kind, index in (("seed", 0), ("batched", 1)):
-        values = []
-        for case in tp["cases"]:
-            for n, r in sorted(loop_ratios(case)[index].items(), key=lambda x: int(x[0])):
-                values.append(r)
-                shown.append(f"{case['name']} {case['image_size']}x{case['image_size']} x{n} {kind}: {r:.2f}")
-        verdicts.append(f"{kind}: {_met(all(v <= limit for v in values) if values else None)}")
-    return "; ".join(shown), ", ".join(verdicts)
-
-
-def _scaling_target(result: Dict) -> tuple:
-    shown = []
-    for case in result["cases"]:
-        cells = ", ".join(f"{NAMES.get(label, label)} {points['2']:.2f}"
-                          for label, points in sorted(case["scaling_efficiency"].items()) if "2" in points)
-        shown.append(f"{setting(case)}: {cells or 'no world size 2'}")
-    reference = _reference_case(result) or {"scaling_efficiency": {}, "knob": None}
-    verdicts = [f"{NAMES.get(label, label)} {_met(points['2'] >= TARGETS['scaling'][0] if '2' in points else None)}"
-                for label, points in sorted(reference["scaling_efficiency"].items())]
-    return "; ".join(shown), ", ".join(verdicts) + f" with {setting(reference)}"
-
-
-def _row_at(series: Dict, nbytes: int) -> Optional[Dict]:
-    return next((r for r in series["results"] if r["bytes"] == nbytes), None)
-
-
-def _busbw_target(ar: Dict) -> tuple:
-    shown, ok = [], None
-    for s in ar["series"]:
-        r = _row_at(s, 64 * 2**20)
-        if r is None:
-            continue
-        shown.append(f"{NAMES.get(s['name'], s['name'])} {r['busbw_GBps']:.1f} GB/s = {100 * r['busbw_of_limit']:.0f}%")
-        if s["name"] == "horovod-mpi":
-            ok = r["busbw_of_limit"] >= TARGETS["busbw_of_limit"][0]
-    floor = ar.get("floor")
-    if floor:
-        shown.append(f"copy/add floor {floor['busbw_GBps']:.1f} GB/s = {100 * floor['of_limit']:.0f}%")
-    return "; ".join(shown), _met(ok)
-
-
-def _data_target(*found: Dict) -> tuple:
-    shown, over = [], []
-    for result in found:
-        for case in result["cases"]:
-            for key, split in sorted(case["time_split"].items()):
-                label, world = stats.split_key(key)
-                if split.get("data_frac") is None:
-                    continue
-                cell = (f"{result['settings']['dataset']} {NAMES.get(label, label)} x{world} "
-                        f"{tables.percent(split['data_frac'])}")
-                shown.append(cell)
-                if split["data_frac"] >= TARGETS["data_frac"][0]:
-                    over.append(cell)
-    return "; ".join(shown), "yes" if not over else "no: " + ", ".join(over)
-
-
-def _target_row(results: Results, names: Sequence[str], judge: Callable[..., tuple]) -> List[str]:
-    """[what was measured (and where), met] from the named results; "not measured" while one is missing."""
-    found = [results.get(n) for n in names]
-    if any(r is None for r in found):
-        return ["not measured", "not measured"]
-    shown, verdict = judge(*found)
-    return [f"{shown} (" + ", ".join(f"`{results.path(n)}`" for n in names) + ")", verdict]
-
-
-def _probe_target(result: Dict) -> tuple:
-    row = next((r for r in result["rows"] if (r["model"], r["image_size"]) == ("resnet18", 224)), None)
-    if row is None or row["cost"] is None:
-        return "resnet18 224x224 not measured", _met(None)
-    return f"{100 * row['cost']:+.1f}%", _met(row["cost"] <= TARGETS["probe_cost"][0])
-
-
-def targets(results: Results) -> str:
-    """The project's targets, what was measured against each, and whether it is met."""
-    rows = [
-        [f"our loop's step time ≤ {target('loop_ratio')} x the bare DDP loop's",
-         *_target_row(results, ["throughput.json"], _loop_target)],
-        [f"scaling efficiency at world size 2, resnet18, batch 16, 224x224, one thread per rank ≥ {target('scaling')}",
-         *_target_row(results, ["scaling-1thread/throughput.json"], _scaling_target)],
-        [f"Horovod MPI busbw at 64 MB ≥ {target('busbw_of_limit')} of the memory-copy limit",
-         *_target_row(results, ["allreduce.json"], _busbw_target)],
-        [f"data wait < {target('data_frac')} of the step for digits and synthetic",
-         *_target_row(results, ["data-wait-digits/throughput.json", "data-wait-synthetic/throughput.json"],
-                      _data_target)],
-        [f"the probe of `--scripts` costs a DDP script ≤ {target('probe_cost')} of its samples/s at resnet18 224x224",
-         *_target_row(results, ["probe_cost.json"], _probe_target)],
-    ]
-    return tables.markdown(["target", "measured", "met"], rows)
 
 
 # ---- allreduce ----
@@ -346,7 +116,7 @@ def allreduce_table(results: Results, name: str, sizes: Optional[str] = None) ->
         if sizes:
             wanted = {arguments.byte_size(s) for s in sizes.split(",")}
             all_sizes = [b for b in all_sizes if b in wanted]
-        rows = [[tables.size(b)] + [allreduce_cell(_row_at(s, b)) for s in series] for b in all_sizes]
+        rows = [[tables.size(b)] + [allreduce_cell(row_at(s, b)) for s in series] for b in all_sizes]
         table = tables.markdown(["size"] + [series_title(s) for s in series], rows)
         return table + _failures(ar)
 
@@ -367,7 +137,7 @@ def allreduce_algorithms(results: Results, name: str) -> str:
             for column in columns:
                 s = next((s for s in ar["series"] if (s.get("mpi_algorithm") or "default") == algorithm
                           and f"{NAMES.get(s['name'], s['name'])} x{s['world_size']}" == column), None)
-                row.append(allreduce_cell(_row_at(s, size)) if s else tables.MISSING)
+                row.append(allreduce_cell(row_at(s, size)) if s else tables.MISSING)
             rows.append(row)
         return f"At {tables.size(size)}:\n\n" + tables.markdown(["algorithm"] + columns, rows) + _failures(ar)
 
@@ -387,15 +157,6 @@ def _failures(result: Dict) -> str:
 
 
 # ---- throughput ----
-
-def setting(case: Dict) -> str:
-    """What a throughput case set: "no knob set", "HOROVOD_CYCLE_TIME unset (auto)", "HOROVOD_CYCLE_TIME=5"."""
-    if case.get("knob") is None:
-        return "no knob set"
-    if case["value"] == "auto":
-        return f"{case['knob']} unset (auto)"
-    return f"{case['knob']}={case['value']}"
-
 
 def _ordered(keys) -> List[str]:
     def order(key: str):
@@ -621,7 +382,7 @@ def stop_latency_table(results: Results, name: str) -> str:
         result = results.get(name)
         st = result["settings"]
         rows = [[r["launcher"], f"{r['step_s']:.1f}", tables.number(r["ranks_exit_s"], ".1f"),
-                 f"{r['launcher_exit_s']:.1f}", f"{r['bound_s']:.1f}", _met(r["within_bound"]),
+                 f"{r['launcher_exit_s']:.1f}", f"{r['bound_s']:.1f}", met(r["within_bound"]),
                  f"step {r['stopped_step']}" if r["checkpoint_written"] else "**none**", str(r["exit_code"])]
                 for r in result["rows"]]
         return (f"{st['np']} ranks, `{' '.join(st['train_args'])}`; SIGINT to the launcher's process group after "

@@ -1,0 +1,125 @@
+"""The project's targets: their values, written down once, and the table judging the results against them."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence
+
+from common.compare import stats, tables
+from common.compare.benchmarks import loop_ratios
+
+from .formatting import NAMES, met, row_at, setting
+from .result_files import Results
+from .throughput import sets_nothing
+
+#: the project's targets, the one place they are written down: name -> (value, how it reads)
+TARGETS = {
+    "loop_ratio": (1.02, "1.02"),
+    "scaling": (0.90, "0.90"),
+    "busbw_of_limit": (0.50, "50%"),
+    "data_frac": (0.05, "5%"),
+    "probe_cost": (0.02, "2%"),
+}
+
+
+def target(name: str) -> str:
+    """A target as the prose reads it."""
+    return TARGETS[name][1]
+
+
+# ---- targets ----
+
+def _reference_case(result: Dict) -> Optional[Dict]:
+    """The case of a sweep with the knob left to the program: no knob set, or a value that sets nothing
+    (auto, a flag's off)."""
+    return next((c for c in result["cases"]
+                 if c["knob"] is None or sets_nothing(c.get("train_args") or [], c.get("env") or {})), None)
+
+
+def _loop_target(tp: Dict) -> tuple:
+    limit = TARGETS["loop_ratio"][0]
+    shown, verdicts = [], []
+    for kind, index in (("seed", 0), ("batched", 1)):
+        values = []
+        for case in tp["cases"]:
+            for n, r in sorted(loop_ratios(case)[index].items(), key=lambda x: int(x[0])):
+                values.append(r)
+                shown.append(f"{case['name']} {case['image_size']}x{case['image_size']} x{n} {kind}: {r:.2f}")
+        verdicts.append(f"{kind}: {met(all(v <= limit for v in values) if values else None)}")
+    return "; ".join(shown), ", ".join(verdicts)
+
+
+def _scaling_target(result: Dict) -> tuple:
+    shown = []
+    for case in result["cases"]:
+        cells = ", ".join(f"{NAMES.get(label, label)} {points['2']:.2f}"
+                          for label, points in sorted(case["scaling_efficiency"].items()) if "2" in points)
+        shown.append(f"{setting(case)}: {cells or 'no world size 2'}")
+    reference = _reference_case(result) or {"scaling_efficiency": {}, "knob": None}
+    verdicts = [f"{NAMES.get(label, label)} {met(points['2'] >= TARGETS['scaling'][0] if '2' in points else None)}"
+                for label, points in sorted(reference["scaling_efficiency"].items())]
+    return "; ".join(shown), ", ".join(verdicts) + f" with {setting(reference)}"
+
+
+def _busbw_target(ar: Dict) -> tuple:
+    shown, ok = [], None
+    for s in ar["series"]:
+        r = row_at(s, 64 * 2**20)
+        if r is None:
+            continue
+        shown.append(f"{NAMES.get(s['name'], s['name'])} {r['busbw_GBps']:.1f} GB/s = {100 * r['busbw_of_limit']:.0f}%")
+        if s["name"] == "horovod-mpi":
+            ok = r["busbw_of_limit"] >= TARGETS["busbw_of_limit"][0]
+    floor = ar.get("floor")
+    if floor:
+        shown.append(f"copy/add floor {floor['busbw_GBps']:.1f} GB/s = {100 * floor['of_limit']:.0f}%")
+    return "; ".join(shown), met(ok)
+
+
+def _data_target(*found: Dict) -> tuple:
+    shown, over = [], []
+    for result in found:
+        for case in result["cases"]:
+            for key, split in sorted(case["time_split"].items()):
+                label, world = stats.split_key(key)
+                if split.get("data_frac") is None:
+                    continue
+                cell = (f"{result['settings']['dataset']} {NAMES.get(label, label)} x{world} "
+                        f"{tables.percent(split['data_frac'])}")
+                shown.append(cell)
+                if split["data_frac"] >= TARGETS["data_frac"][0]:
+                    over.append(cell)
+    return "; ".join(shown), "yes" if not over else "no: " + ", ".join(over)
+
+
+def _target_row(results: Results, names: Sequence[str], judge: Callable[..., tuple]) -> List[str]:
+    """[what was measured (and where), met] from the named results; "not measured" while one is missing."""
+    found = [results.get(n) for n in names]
+    if any(r is None for r in found):
+        return ["not measured", "not measured"]
+    shown, verdict = judge(*found)
+    return [f"{shown} (" + ", ".join(f"`{results.path(n)}`" for n in names) + ")", verdict]
+
+
+def _probe_target(result: Dict) -> tuple:
+    row = next((r for r in result["rows"] if (r["model"], r["image_size"]) == ("resnet18", 224)), None)
+    if row is None or row["cost"] is None:
+        return "resnet18 224x224 not measured", met(None)
+    return f"{100 * row['cost']:+.1f}%", met(row["cost"] <= TARGETS["probe_cost"][0])
+
+
+def targets(results: Results) -> str:
+    """The project's targets, what was measured against each, and whether it is met."""
+    rows = [
+        [f"our loop's step time ≤ {target('loop_ratio')} x the bare DDP loop's",
+         *_target_row(results, ["throughput.json"], _loop_target)],
+        [f"scaling efficiency at world size 2, resnet18, batch 16, 224x224, one thread per rank ≥ {target('scaling')}",
+         *_target_row(results, ["scaling-1thread/throughput.json"], _scaling_target)],
+        [f"Horovod MPI busbw at 64 MB ≥ {target('busbw_of_limit')} of the memory-copy limit",
+         *_target_row(results, ["allreduce.json"], _busbw_target)],
+        [f"data wait < {target('data_frac')} of the step for digits and synthetic",
+         *_target_row(results, ["data-wait-digits/throughput.json", "data-wait-synthetic/throughput.json"],
+                      _data_target)],
+        [f"the probe of `--scripts` costs a DDP script ≤ {target('probe_cost')} of its samples/s at resnet18 224x224",
+         *_target_row(results, ["probe_cost.json"], _probe_target)],
+    ]
+    return tables.markdown(["target", "measured", "met"], rows)
