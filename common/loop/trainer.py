@@ -18,10 +18,10 @@ from common.errors import UsageError, fail_usage, print_error
 from common.exact.step import ExactStep
 from common.faults import sigterm_hold
 from common.faults.stopping import Interrupted, StopControl
-from common.inputs.data import open_datasets
+from common.inputs.data import DataInfo, open_datasets
 from common.inputs.factories import parse_literals
 from common.inputs.modelcheck import check_trainable
-from common.inputs.models import build_model, choose_model, gradient_bytes
+from common.inputs.models import ModelChoice, build_model, choose_model, gradient_bytes
 from common.inputs.perturb import perturb_ulp
 from common.launch.placement import default_threads
 from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
@@ -55,17 +55,29 @@ class Trainer:
     training stands, as a checkpoint holds it.
     """
 
-    batches: Batches
-    step: Step
-    checkpointer: Checkpointer
-    stop: StopControl
-    timer: StepTimer
-    run_dir: Optional[RunDir] = None
-
     def __init__(self, config: Config, backend: Backend, prog: str) -> None:
         self.config, self.backend, self.prog = config, backend, prog
+        self.exact = config.exact
         self.checkpointer = Checkpointer(config.run_dir, config.keep_checkpoints, backend, self.say)
         self.stop = StopControl(backend, config.timeout, prog)
+        self.run_dir: Optional[RunDir] = None  # opened by fit()
+        # What prepare() opens and checks before any collective:
+        self.model_choice: Optional[ModelChoice] = None
+        self.train_set = self.val_set = None
+        self.info: Optional[DataInfo] = None
+        self.model: Optional[torch.nn.Module] = None  # the model training runs (wrapped by the backend)
+        # The parts setup() builds on the joined job, and where training stands:
+        self.threads = 0
+        self.batches: Optional[Batches] = None
+        self.settings: Dict = {}
+        self.precision: Optional[Precision] = None
+        self.plain_model: Optional[torch.nn.Module] = None  # the model's own module, unwrapped
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.step: Optional[Step] = None
+        self.timer: Optional[StepTimer] = None
+        self.loss_watch: Optional[LossWatch] = None
+        self.profiler: Optional[StepProfiler] = None
+        self.position: Optional[Position] = None
 
     # --- the program -------------------------------------------------------------------------------
     def run(self, fit: Optional[Callable[["Trainer"], int]] = None) -> int:
@@ -154,7 +166,6 @@ class Trainer:
         """Loaders, the model on its device, the optimizer wrapped by the backend, and the position to
         start from (a checkpoint's, or the beginning)."""
         config, backend = self.config, self.backend
-        self.exact = config.exact
         # Exact mode computes every micro-batch with the same thread count at every world size: the
         # thread count can change a result's bits.
         self.threads = config.threads or (EXACT_THREADS if self.exact else default_threads(backend.local_world_size))
