@@ -1,8 +1,9 @@
-"""The tqdm progress bar of an epoch, shown on rank 0 only."""
+"""The tqdm progress bar of an epoch, shown on rank 0 only, and rank 0's line at the end of an epoch."""
 
 from __future__ import annotations
 
 import sys
+from typing import Dict
 
 from tqdm import tqdm
 
@@ -13,3 +14,14 @@ def epoch_bar(mode: str, is_main: bool, epoch: int, total: int, initial: int) ->
     shown = is_main and (mode == "on" or (mode == "auto" and sys.stderr.isatty()))
     return tqdm(total=total, initial=initial, desc=f"epoch {epoch + 1}", unit="step", disable=not shown,
                 leave=False, dynamic_ncols=True, file=sys.stderr)
+
+
+def epoch_line(r: Dict, total_steps: int) -> str:
+    """Rank 0's line at the end of an epoch, from the epoch's record (of `total_steps` in the run)."""
+    line = (f"epoch {r['epoch'] + 1} step {r['step']}/{total_steps} train_loss {r['train_loss']:.4f} "
+            f"train_top1 {r['train_top1']:.4f}")
+    if "val_top1" in r:
+        line += f" val_loss {r['val_loss']:.4f} val_top1 {r['val_top1']:.4f} val_top5 {r['val_top5']:.4f}"
+    if r.get("samples_per_s"):
+        line += f" {r['samples_per_s']:.0f} samples/s"
+    return line

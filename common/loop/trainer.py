@@ -37,7 +37,7 @@ from .optim import lr_at, make_optimizer, set_lr
 from .position import Position
 from .precision import Precision
 from .profiling import PROFILE_DIR, StepProfiler
-from .progress import epoch_bar
+from .progress import epoch_bar, epoch_line
 from .stepping import AllreduceStep, Step
 from .steptimer import StepTimer
 
@@ -287,7 +287,7 @@ class Trainer:
             self.run_dir.log("eval", epoch=pos.epoch, step=pos.step, **scores)
         self.run_dir.log("epoch", **record)
         if backend.is_main:
-            print(self.epoch_line(record), flush=True)
+            print(epoch_line(record, self.batches.total_steps), flush=True)
         self.save_checkpoint()
         if self.batches.finished(pos.batch):
             self.position = Position(pos.epoch + 1, 0, pos.step, self.new_meter(), pos.resumed_from)
@@ -438,16 +438,6 @@ class Trainer:
         """A line on rank 0's output."""
         if self.backend.is_main:
             print(f"{self.prog}: {message}", flush=True)
-
-    def epoch_line(self, r: Dict) -> str:
-        """Rank 0's line at the end of an epoch."""
-        line = (f"epoch {r['epoch'] + 1} step {r['step']}/{self.batches.total_steps} train_loss {r['train_loss']:.4f} "
-                f"train_top1 {r['train_top1']:.4f}")
-        if "val_top1" in r:
-            line += f" val_loss {r['val_loss']:.4f} val_top1 {r['val_top1']:.4f} val_top5 {r['val_top5']:.4f}"
-        if r.get("samples_per_s"):
-            line += f" {r['samples_per_s']:.0f} samples/s"
-        return line
 
 
 def run(config: Config, backend: Backend, prog: str = "train",
