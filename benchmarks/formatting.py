@@ -104,3 +104,17 @@ def met(ok: Optional[bool]) -> str:
 def row_at(series: Dict, nbytes: int) -> Optional[Dict]:
     """An allreduce series' row at `nbytes`, None when it was not measured."""
     return next((r for r in series["results"] if r["bytes"] == nbytes), None)
+
+
+def failed_case(failure: Dict) -> str:
+    """What a failed run or case was: its backend, label, controller, launcher, model, mode (those it has)."""
+    named = [failure.get(k) for k in ("backend", "label", "controller", "launcher", "model", "mode")]
+    return " ".join(str(n) for n in named if n)
+
+
+def failures(result: Dict) -> str:
+    """The failed runs of a result, one line each, to follow its table ("" when none failed)."""
+    lines = [f"- **FAILED** {failed_case(f)} "
+             f"x{f.get('world_size', '')}: {f['error'].splitlines()[0] if f.get('error') else ''}"
+             for f in result.get("failures", [])]
+    return ("\n\n" + "\n".join(lines)) if lines else ""

@@ -6,22 +6,15 @@ relative to the results folder."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
-from common.compare import arguments, stats, tables
-from common.compare.benchmarks import loop_ratios
+from common.compare import tables
 
-from .formatting import NAMES, framed, met, ms, rounded, row_at, setting, spread_cell, when
+from .allreduce_tables import allreduce_algorithms, allreduce_limit, allreduce_table
+from .formatting import failures, framed, met, ms, rounded, spread_cell, when
 from .result_files import MISSING_FILE, Results
 from .targets import target, targets
-
-#: the order of runs in a throughput table
-RUN_ORDER = ["bare-ddp", "bare-ddp-batched", "ddp", "horovod-gloo", "horovod-mpi", "independent"]
-#: swept knob -> (backend_options field with the value a run used, field saying who chose it or None, unit)
-KNOB_RECORDS = {"HOROVOD_CYCLE_TIME": ("cycle_time_ms", "cycle_time_source", " ms"),
-                "OMPI_MCA_mpi_yield_when_idle": ("mpi_yield_when_idle", "mpi_yield_source", ""),
-                "deterministic": ("fusion_threshold_bytes", None, " B fusion threshold"),
-                "HVD_TRAIN_WAIT": ("wait", "wait_source", "")}
+from .throughput_tables import data_wait_table, sweep_table, throughput_table
 
 
 # ---- machines ----
@@ -56,243 +49,6 @@ def machines(results: Results) -> str:
                      ((r["machine"].get("versions") or {}).get("project_git") or tables.MISSING)[:12]])
     return "\n".join(lines) + "\n\n" + tables.markdown(
         ["result", "measured (UTC)", "1-minute load before", "under_load", "git revision"], rows)
-
-
-# ---- allreduce ----
-
-def series_title(series: Dict) -> str:
-    """A column of an allreduce table."""
-    name = NAMES.get(series["name"], series["name"])
-    algorithm = f" ({series['mpi_algorithm']})" if series.get("mpi_algorithm") else ""
-    return f"{name}{algorithm} x{series['world_size']}"
-
-
-def allreduce_cell(row: Optional[Dict]) -> str:
-    """Time per allreduce; from 1 MB up also busbw and its share of the limit."""
-    if row is None:
-        return tables.MISSING
-    if row["bytes"] < 2**20:
-        return ms(row["time_s"])
-    return (f"{ms(row['time_s'])}, {rounded(row['busbw_GBps'], 2)} GB/s "
-            f"({100 * row['busbw_of_limit']:.0f}%)")
-
-
-def allreduce_limit(results: Results, name: str) -> str:
-    """The memory-copy limit and the copy/add floor of one allreduce result, in words."""
-    ar = results.get(name)
-    if ar is None:
-        return MISSING_FILE.format(path=results.path(name))
-    c = ar["memcpy"]
-    text = (f"Memory-copy limit: {c['limit_GBps']:.1f} GB/s ({c['limit']}; one thread {c['cpu_1thread_GBps']:.1f} "
-            f"GB/s, all cores {c['cpu_all_cores_GBps']:.1f} GB/s).")
-    floor = ar.get("floor")
-    if floor:
-        size = max((r["bytes"] for s in ar["series"] for r in s["results"]), default=None)
-        text += (f" Copy/add floor: one thread copies {floor['copy_GBps']:.1f} GB/s and adds {floor['add_GBps']:.1f} "
-                 f"GB/s on {tables.size(floor['bytes'])} buffers, so a copy-based ring allreduce reaches at most "
-                 f"{floor['busbw_GBps']:.1f} GB/s busbw, {100 * floor['of_limit']:.0f}% of the limit")
-        if size:
-            least = size * floor_factor(2) / floor["busbw_GBps"] / 1e9
-            text += f" (at least {ms(least)} for {tables.size(size)} at world size 2)"
-        text += "."
-    else:
-        text += (" The copy/add floor is not in this result (it was measured before the benchmark recorded it); "
-                 "the next run of `benchmarks/run_all.sh` adds it.")
-    return text + f" Source: `{results.path(name)}`."
-
-
-def floor_factor(world_size: int) -> float:
-    """busbw = bytes x floor_factor / time: 2(n-1)/n."""
-    return 2 * (world_size - 1) / world_size
-
-
-def allreduce_table(results: Results, name: str, sizes: Optional[str] = None) -> str:
-    """Time per allreduce (and busbw) by size, one column per series; `sizes` picks rows ("4,4K,1M")."""
-
-    def body() -> str:
-        ar = results.get(name)
-        series = ar["series"]
-        all_sizes = sorted({r["bytes"] for s in series for r in s["results"]})
-        if sizes:
-            wanted = {arguments.byte_size(s) for s in sizes.split(",")}
-            all_sizes = [b for b in all_sizes if b in wanted]
-        rows = [[tables.size(b)] + [allreduce_cell(row_at(s, b)) for s in series] for b in all_sizes]
-        table = tables.markdown(["size"] + [series_title(s) for s in series], rows)
-        return table + _failures(ar)
-
-    return framed(results, [name], body)
-
-
-def allreduce_algorithms(results: Results, name: str) -> str:
-    """Open MPI's allreduce algorithms at the largest size: one row per algorithm, one column per series."""
-
-    def body() -> str:
-        ar = results.get(name)
-        columns = list(dict.fromkeys(f"{NAMES.get(s['name'], s['name'])} x{s['world_size']}" for s in ar["series"]))
-        algorithms = list(dict.fromkeys(s.get("mpi_algorithm") or "default" for s in ar["series"]))
-        size = max(r["bytes"] for s in ar["series"] for r in s["results"])
-        rows = []
-        for algorithm in algorithms:
-            row = [algorithm]
-            for column in columns:
-                s = next((s for s in ar["series"] if (s.get("mpi_algorithm") or "default") == algorithm
-                          and f"{NAMES.get(s['name'], s['name'])} x{s['world_size']}" == column), None)
-                row.append(allreduce_cell(row_at(s, size)) if s else tables.MISSING)
-            rows.append(row)
-        return f"At {tables.size(size)}:\n\n" + tables.markdown(["algorithm"] + columns, rows) + _failures(ar)
-
-    return framed(results, [name], body)
-
-
-def _failed_case(failure: Dict) -> str:
-    named = [failure.get(k) for k in ("backend", "label", "controller", "launcher", "model", "mode")]
-    return " ".join(str(n) for n in named if n)
-
-
-def _failures(result: Dict) -> str:
-    lines = [f"- **FAILED** {_failed_case(f)} "
-             f"x{f.get('world_size', '')}: {f['error'].splitlines()[0] if f.get('error') else ''}"
-             for f in result.get("failures", [])]
-    return ("\n\n" + "\n".join(lines)) if lines else ""
-
-
-# ---- throughput ----
-
-def _ordered(keys) -> List[str]:
-    def order(key: str):
-        label, world = stats.split_key(key)
-        return world, RUN_ORDER.index(label) if label in RUN_ORDER else len(RUN_ORDER), label
-    return sorted(keys, key=order)
-
-
-def _settings_line(result: Dict) -> str:
-    st = result["settings"]
-    extra = f", every run with `{' '.join(st['extra_train_args'])}`" if st.get("extra_train_args") else ""
-    return (f"{st['dataset'].capitalize()} data, per-rank batch {st['batch_size']}, {st['steps']} steps per run "
-            f"(the first not timed), median (min–max) of {st['repeats']} repeat(s){extra}.")
-
-
-def throughput_table(results: Results, name: str) -> str:
-    """Every cell of a throughput result: samples/s, scaling, exchange overhead, both loop ratios, time split."""
-
-    def body() -> str:
-        tp = results.get(name)
-        rows = []
-        for case in tp["cases"]:
-            first = True
-            seed, batched = loop_ratios(case)
-            for key in _ordered(case["throughput"]):
-                label, world = stats.split_key(key)
-                n = str(world)
-                split = case["time_split"].get(key) or {}
-                is_ddp = label == "ddp"
-                rows.append([f"{case['name']} {case['image_size']}x{case['image_size']}" if first else "",
-                             NAMES.get(label, label), world, spread_cell(case["throughput"][key]),
-                             tables.number(case["scaling_efficiency"].get(label, {}).get(n), ".2f"),
-                             tables.percent(case["exchange_overhead"].get(label, {}).get(n)),
-                             tables.number(seed.get(n) if is_ddp else None, ".2f"),
-                             tables.number(batched.get(n) if is_ddp else None, ".2f"),
-                             rounded(split.get("comm_ms"), 2) if split else tables.MISSING,
-                             rounded(split.get("step_ms"), 3) if split else tables.MISSING,
-                             tables.number(case["throughput"][key].get("job_cpu_s"), ".0f")])
-                first = False
-        table = tables.markdown(["model", "run", "world size", "samples/s", "scaling eff.", "exchange overhead",
-                                 "loop / bare (seed)", "loop / bare (batched)", "comm ms/step", "step ms",
-                                 "job CPU s"], rows)
-        note = "" if any(loop_ratios(c)[1] for c in tp["cases"]) else (
-            "\n\nThe batched bare loop is not in this result (it was measured before the benchmark ran it); "
-            "the next run of `benchmarks/run_all.sh` adds it.")
-        return _settings_line(tp) + "\n\n" + table + note + _failures(tp)
-
-    return framed(results, [name], body)
-
-
-def _knob_of(result: Dict) -> Optional[str]:
-    return next((c["knob"] for c in result["cases"] if c.get("knob")), None)
-
-
-def _knob_used(case: Dict, knob: Optional[str]) -> str:
-    """The value of `knob` the runs of `case` used, and who chose it, from their backend_options."""
-    fields = KNOB_RECORDS.get(knob or "")
-    if not fields:
-        return tables.MISSING
-    value_field, source_field, unit = fields
-    options = next((r["backend_options"] for r in case["runs"]
-                    if (r.get("backend_options") or {}).get(value_field) is not None), None)
-    if options is None:
-        return tables.MISSING
-    value = options[value_field]
-    shown = f"{value:g}{unit}" if isinstance(value, float) else f"{value}{unit}"
-    return f"{shown} ({options[source_field]})" if source_field and options.get(source_field) else shown
-
-
-COLUMNS = ("samples", "scaling", "comm", "cpu")
-
-
-def sweep_table(results: Results, name: str, columns: str = "samples,scaling,comm,cpu") -> str:
-    """One row per case (model x setting) of a throughput sweep: the knob's value the runs used, then per
-    backend the chosen columns: samples/s at each world size, scaling efficiency, exposed comm ms/step
-    and job CPU s at the largest world size."""
-    chosen = columns.split(",")
-    unknown = [c for c in chosen if c not in COLUMNS]
-    if unknown:
-        raise ValueError(f"sweep_table: unknown column {', '.join(unknown)}; choose from {', '.join(COLUMNS)}")
-
-    def body() -> str:
-        result = results.get(name)
-        knob = _knob_of(result)
-        worlds = sorted(result["settings"]["world_sizes"])
-        top = worlds[-1]
-        many_models = len({c["model"] for c in result["cases"]}) > 1
-        headers = (["model"] if many_models else []) + ["setting", f"{knob or 'knob'} used"]
-        for label in result["settings"]["backends"]:
-            shown = NAMES.get(label, label)
-            if "samples" in chosen:
-                headers += [f"{shown} x{n} samples/s" for n in worlds]
-            if "scaling" in chosen and 1 in worlds and top > 1:
-                headers.append(f"{shown} scaling x{top}")
-            if "comm" in chosen:
-                headers.append(f"{shown} comm ms/step x{top}")
-            if "cpu" in chosen:
-                headers.append(f"{shown} job CPU s x{top}")
-        rows = []
-        for case in result["cases"]:
-            row = ([case["model"]] if many_models else []) + [setting(case), _knob_used(case, knob)]
-            for label in result["settings"]["backends"]:
-                if "samples" in chosen:
-                    row += [spread_cell(case["throughput"].get(f"{label}@{n}")) for n in worlds]
-                if "scaling" in chosen and 1 in worlds and top > 1:
-                    row.append(tables.number(case["scaling_efficiency"].get(label, {}).get(str(top)), ".2f"))
-                if "comm" in chosen:
-                    row.append(rounded((case["time_split"].get(f"{label}@{top}") or {}).get("comm_ms"), 2))
-                if "cpu" in chosen:
-                    row.append(tables.number((case["throughput"].get(f"{label}@{top}") or {}).get("job_cpu_s"), ".0f"))
-            rows.append(row)
-        return _settings_line(result) + "\n\n" + tables.markdown(headers, rows) + _failures(result)
-
-    return framed(results, [name], body)
-
-
-def data_wait_table(results: Results, *names: str) -> str:
-    """Step time and the share of it spent waiting for data, per dataset, run and world size."""
-
-    def body() -> str:
-        rows = []
-        for name in names:
-            result = results.get(name)
-            for case in result["cases"]:
-                first = True
-                for key in _ordered(case["time_split"]):
-                    label, world = stats.split_key(key)
-                    split = case["time_split"][key]
-                    data = f"{result['settings']['dataset']} {case['image_size']}x{case['image_size']}"
-                    rows.append([data if first else "", NAMES.get(label, label), world,
-                                 rounded(split.get("step_ms"), 2), tables.percent(split.get("data_frac"))])
-                    first = False
-        settings = " ".join(_settings_line(results.get(n)) for n in names)
-        return settings + "\n\n" + tables.markdown(["data", "run", "world size", "step ms", "data %"], rows)
-
-    return framed(results, list(names), body)
 
 
 # ---- loop overhead, comm hook, Horovod's cycle ----
@@ -332,7 +88,7 @@ def ddp_comm_hook_table(results: Results, name: str) -> str:
         return (f"{st['model']} {st['image_size']}x{st['image_size']}, per-rank batch {st['batch_size']}, world size "
                 f"{st['world_size']}, one thread per rank; median ms per step of the slowest rank:\n\n"
                 + tables.markdown(["job", "built-in allreduce ms", "Python comm hook ms", "hook − built-in"], rows)
-                + _failures(result))
+                + failures(result))
 
     return framed(results, [name], body)
 
@@ -353,7 +109,7 @@ def probe_cost_table(results: Results, name: str) -> str:
                 f"{target('probe_cost')} at resnet18 224x224:\n\n"
                 + tables.markdown(["model", "bare samples/s (each job)", "under the probe (each job)",
                                    "cost (medians)"], rows)
-                + _failures(result))
+                + failures(result))
 
     return framed(results, [name], body)
 
@@ -389,7 +145,7 @@ def stop_latency_table(results: Results, name: str) -> str:
                 f"{st['steps_before']} steps; bound {st['bound']}:\n\n"
                 + tables.markdown(["launcher", "longest step s", "last rank gone s", "launcher gone s", "bound s",
                                    "within", "final checkpoint", "exit code"], rows)
-                + _failures(result))
+                + failures(result))
 
     return framed(results, [name], body)
 
@@ -423,7 +179,7 @@ def verdicts_tables(results: Results, name: str) -> str:
                 "the comparison's own code against floors of 1 to "
                 f"{st['max_floor']} disturbed runs of its setting, at margins {', '.join(f'{m:g}' for m in st['margins'])}:"
                 f"\n\n{grid}\n\nEvery pair at the defaults ({st['default_floor_runs']} disturbed runs, margin "
-                f"{st['default_margin']:g}):\n\n{pairs}" + _failures(result))
+                f"{st['default_margin']:g}):\n\n{pairs}" + failures(result))
 
     return framed(results, [name], body)
 
@@ -497,7 +253,7 @@ def exact_cost_tables(results: Results, name: str) -> str:
             text += (f"\n\nAfter a full default run in each mode at {far['world_size']} ranks (settings: "
                      f"{far['settings']}), the two modes' weights differ by at most {far['max_abs_weight_diff']:.2e} (largest weight "
                      f"{far['largest_weight']:.2f}); val top-1: {scores}.")
-        return text + _failures(result)
+        return text + failures(result)
 
     return framed(results, [name], body)
 
