@@ -2,6 +2,6 @@
 refusals) and what a run does with them (`during_run`: which checkpoint to resume from, writing one while
 every rank waits), and resuming at another world size (`resume`: what carries over, how the rest of the run
 is counted). `format` imports nothing of the project, so the run directory, the probe, Horovod's elastic
-state and the tests can use it alone; `during_run` may also import `common.loop.backend`, `resume` the
-loop's parts and `common.config`. Never a backend or the comparison.
+state and the tests can use it alone; `during_run` may also import `common.loop.backend` and `common.config`,
+`resume` the loop's parts and `common.config`. Never a backend or the comparison.
 """

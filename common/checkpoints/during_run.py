@@ -9,8 +9,22 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional
 
+from common.config import Config
 from common.loop.backend import Backend
 from . import format as ckpt_io
+
+
+def run_settings(config: Config, image_size: int, global_batch: int) -> Dict:
+    """The settings a checkpoint records and a run that resumes it must share (checked against
+    format.MUST_MATCH); `global_batch` is the run's at this world size."""
+    fixed_global = config.fixed_global_batch
+    return {"model": config.model, "dataset": config.dataset, "image_size": image_size,
+            # a per-rank batch that follows the world size is no reason to refuse a checkpoint
+            "batch_size": None if fixed_global else config.batch_size,
+            "global_batch": global_batch if fixed_global else None,
+            "seed": config.seed, "lr": config.lr, "lr_scaling": config.lr_scaling,
+            "accumulate": config.accumulate, "reduction": config.reduction,
+            "micro_batch": config.micro_batch if config.exact else None}
 
 
 class Checkpointer:

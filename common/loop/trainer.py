@@ -11,7 +11,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from common.checkpoints import format as ckpt_io
-from common.checkpoints.during_run import Checkpointer
+from common.checkpoints.during_run import Checkpointer, run_settings
 from common.checkpoints.resume import carry_over
 from common.config import AMP_FP16_NEEDS_CUDA, Config
 from common.errors import UsageError, fail_usage, print_error
@@ -177,14 +177,7 @@ class Trainer:
               f"{backend.local_rank}/{backend.local_world_size} host {backend.host()} device {backend.device} "
               f"threads {self.threads}", flush=True)
         self.batches = Batches(config, self.train_set, self.val_set, backend, backend.device)
-        fixed_global = config.fixed_global_batch
-        self.settings = {"model": config.model, "dataset": config.dataset, "image_size": self.info.image_size,
-                         # a per-rank batch that follows the world size is no reason to refuse a checkpoint
-                         "batch_size": None if fixed_global else config.batch_size,
-                         "global_batch": self.batches.global_batch if fixed_global else None,
-                         "seed": config.seed, "lr": config.lr, "lr_scaling": config.lr_scaling,
-                         "accumulate": config.accumulate, "reduction": config.reduction,
-                         "micro_batch": config.micro_batch if self.exact else None}
+        self.settings = run_settings(config, self.info.image_size, self.batches.global_batch)
         self.precision = Precision(config.amp, backend.device)
         model = self.model.to(backend.device, memory_format=torch.channels_last if config.channels_last
                               else torch.preserve_format)
