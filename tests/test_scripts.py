@@ -194,6 +194,16 @@ def test_a_mistake_is_named_at_the_step_it_acts_on(folder, horovod_runs, port, h
     assert all(w in cause["text"] for w in words), cause["text"]
 
 
+def test_runs_of_scripts_without_a_floor_say_how_to_make_one(folder, horovod_runs):
+    out = folder / "no-floor"
+    ddp = probe_run(folder, "torchrun", "ddp_lr.py")
+    result = compare_here(folder, "--runs", horovod_runs["train_horovod.py"], ddp, "--out", out)
+    assert result.returncode == 0, result.output[-3000:]
+    (pair,) = json.loads((out / SUMMARY_FILE).read_text())["parity"]
+    assert pair["within_noise_floor"] is None and "has no training options to rerun" in pair["verdict"], pair
+    assert "--scripts" in pair["verdict"] and not (out / "runs").exists()
+
+
 @pytest.mark.parametrize("script, says", [
     ("two_optimizers.py", "two optimizers step"),
     ("missing.py", "no such file"),

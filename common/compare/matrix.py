@@ -267,6 +267,10 @@ def rerun_disturbed(run: Run, count: int, out: Path, timeout_s: float,
     """Run `run`'s recorded settings again on this host, through its backend's launcher, with each of the noise
     floor's first `count` disturbances: (the new run directories, "") or ([], why they could not be made)."""
     backend = run.config.get("backend") or {}
+    if backend.get("script"):
+        return [], (f"{run.name} is a run of a script, which has no training options to rerun: compare the scripts "
+                    "with --scripts, which makes the floor, or give runs made with python -m common.probe "
+                    "--perturb-ulp 1 --perturb-pattern K")
     try:
         launcher = ThisHost().launcher(backend.get("name", ""), backend.get("controller"))
     except (KeyError, ValueError) as exc:
