@@ -74,7 +74,9 @@ def parse_cases(text: str):
 
 
 def main(argv=None) -> int:
-    from .jobs import add_np, add_out, add_timeout
+    # Absolute imports: the worker also runs as a script by path, under the probe.
+    from benchmarks.jobs import add_np, add_out, add_timeout
+
     p = argparse.ArgumentParser(prog="python -m benchmarks.probe_cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_np(p, 2, "ranks of each job")
@@ -105,8 +107,8 @@ def main(argv=None) -> int:
 
     from common.compare import tables
 
-    from .jobs import Workers
-    from .machine import Record, publish
+    from benchmarks.jobs import Workers
+    from benchmarks.machine import Record, publish
 
     record = Record("probe_cost", argv)
     workers = Workers("probe_cost", args.out, args.timeout)
