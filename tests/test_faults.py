@@ -106,13 +106,22 @@ def ctrl_c_stopped(tmp_path_factory) -> Dict[str, Stopped]:
             run_dir = folder / "run"
             jobs[launcher] = (cleanup.enter_context(Job(command(launcher, 2, SLOW + ["--run-dir", str(run_dir)]),
                                                         cwd=folder)), run_dir)
-        for job, run_dir in jobs.values():
-            job.wait_until(lambda: len(steps_logged(run_dir)) >= 2, "never logged two steps", timeout=180)
-        signalled = {}
-        for launcher, (job, run_dir) in jobs.items():
-            ranks = [worker(str(run_dir), rank) for rank in range(2)]
-            signalled[launcher] = (ranks, max(e["step_s"] for e in steps_logged(run_dir)[1:]), time.monotonic())
-            os.killpg(job.pid, signal.SIGINT)
+        # Each job is sent its Ctrl-C as soon as it has logged its second step, at the start of its third, not when
+        # the slowest has: a job signalled late in a step may need the next one too before it can stop.
+        signalled, deadline = {}, time.monotonic() + 180
+        while len(signalled) < len(jobs):
+            for launcher, (job, run_dir) in jobs.items():
+                if launcher in signalled:
+                    continue
+                logged = steps_logged(run_dir)
+                if len(logged) >= 2:
+                    ranks = [worker(str(run_dir), rank) for rank in range(2)]
+                    signalled[launcher] = (ranks, max(e["step_s"] for e in logged[1:]), time.monotonic())
+                    os.killpg(job.pid, signal.SIGINT)
+                else:
+                    assert job.poll() is None, f"{launcher} ended before two steps:\n{job.output[-3000:]}"
+            assert time.monotonic() < deadline, f"never logged two steps: {sorted(set(jobs) - set(signalled))}"
+            time.sleep(0.05)
         for launcher, (ranks, step_s, sent) in signalled.items():
             alive = wait_ended(ranks, timeout=max(0.0, sent + 15 + step_s - time.monotonic()))
             took = time.monotonic() - sent
