@@ -236,13 +236,16 @@ def table(cases: List[Dict], grid: List[Dict]) -> str:
     rows = [[g["floor_runs"], f"{g['margin']:g}", f"{len(g['false_alarms'])}/{g['same']}",
              f"{len(g['misses'])}/{g['real']}", ", ".join(g["false_alarms"] + g["misses"])] for g in grid]
     out = tables.text(["floor runs", "margin", "false alarms", "misses", "wrong"], rows)
-    key = f"{floor.DEFAULT_FLOOR_RUNS}@{analysis.FLOOR_MARGIN:g}"
+    # At the default floor size, or the largest measured when --max-floor is smaller.
+    runs = min(floor.DEFAULT_FLOOR_RUNS, max((g["floor_runs"] for g in grid), default=floor.DEFAULT_FLOOR_RUNS))
+    key = f"{runs}@{analysis.FLOOR_MARGIN:g}"
     rows = []
     for c in cases:
         j = c["judged"].get(key) or {}
         rows.append([c["name"], c["kind"], c["expected_step"] or "", j.get("trains_differently_from") or "",
                      "yes" if j.get("correct") else "NO", (j.get("verdict") or "")[:90]])
-    return out + "\n\n" + tables.text(["case", "kind", "expected step", "from step", "right", "verdict"], rows)
+    return (out + f"\n\nEach case against a floor of {runs} runs, margin {analysis.FLOOR_MARGIN:g}:\n"
+            + tables.text(["case", "kind", "expected step", "from step", "right", "verdict"], rows))
 
 
 if __name__ == "__main__":
