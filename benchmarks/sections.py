@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Callable, Dict, List
 
 from common.compare import tables
+from common.compare.analysis import FLOOR_MARGIN as DEFAULT_MARGIN
+from common.compare.floor import DEFAULT_FLOOR_RUNS as DEFAULT_RUNS
 
 from .allreduce_tables import allreduce_algorithms, allreduce_limit, allreduce_table
 from .formatting import failures, framed, met, ms, rounded, spread_cell, when
@@ -163,7 +165,7 @@ def verdicts_tables(results: Results, name: str) -> str:
         st = result["settings"]
         grid = tables.markdown(["disturbed runs in the floor", "margin", "false alarms", "misses", "wrong"],
                                [_grid_row(g) for g in result["grid"]])
-        key = f"{st['default_floor_runs']}@{st['default_margin']:g}"
+        key = f"{DEFAULT_RUNS}@{DEFAULT_MARGIN:g}"
         rows = []
         for case in result["cases"]:
             judged = case["judged"].get(key) or {}
@@ -178,8 +180,8 @@ def verdicts_tables(results: Results, name: str) -> str:
                 f"{sum(c['kind'] == 'real' for c in result['cases'])} with one real difference), each judged by "
                 "the comparison's own code against floors of 1 to "
                 f"{st['max_floor']} disturbed runs of its setting, at margins {', '.join(f'{m:g}' for m in st['margins'])}:"
-                f"\n\n{grid}\n\nEvery pair at the defaults ({st['default_floor_runs']} disturbed runs, margin "
-                f"{st['default_margin']:g}):\n\n{pairs}" + failures(result))
+                f"\n\n{grid}\n\nEvery pair at the defaults ({DEFAULT_RUNS} disturbed runs, margin "
+                f"{DEFAULT_MARGIN:g}):\n\n{pairs}" + failures(result))
 
     return framed(results, [name], body)
 
@@ -191,27 +193,27 @@ def verdicts_sentence(results: Results, name: str) -> str:
         return MISSING_FILE.format(path=results.path(name))
     st = result["settings"]
     at = {(g["floor_runs"], g["margin"]): g for g in result["grid"]}
-    default = at[(st["default_floor_runs"], st["default_margin"])]
-    key = f"{st['default_floor_runs']}@{st['default_margin']:g}"
+    default = at[(DEFAULT_RUNS, DEFAULT_MARGIN)]
+    key = f"{DEFAULT_RUNS}@{DEFAULT_MARGIN:g}"
 
     def ratio(case: Dict, where: str = key) -> float:
         return (case["judged"][where].get("largest_band_ratio") or {}).get("ratio") or 0.0
 
     same = [c for c in result["cases"] if c["kind"] == "same"]
     real = [c for c in result["cases"] if c["kind"] == "real"]
-    by_lr = [c for c in real if ratio(c) <= st["default_margin"] and c["judged"][key]["correct"]]
+    by_lr = [c for c in real if ratio(c) <= DEFAULT_MARGIN and c["judged"][key]["correct"]]
     text = (f"On {len(same)} same-training pairs and {len(real)} pairs with one real difference, "
-            f"{st['default_floor_runs']} disturbed runs at margin {st['default_margin']:g} give "
+            f"{DEFAULT_RUNS} disturbed runs at margin {DEFAULT_MARGIN:g} give "
             f"{len(default['false_alarms'])} false alarms and {len(default['misses'])} misses: no same-training pair "
             f"comes above {max(ratio(c) for c in same):.2g}x the floor's band, and every real difference leaves it "
             f"from its first step by at least {min(ratio(c) for c in real if c not in by_lr):,.0f}x")
     if by_lr:
         text += (" or differs in its learning rate (" + ", ".join(f"{c['name']}, {ratio(c):.2g}x" for c in by_lr)
                  + ")")
-    one = at.get((1, st["default_margin"]))
-    if one is not None and st["default_floor_runs"] != 1:
+    one = at.get((1, DEFAULT_MARGIN))
+    if one is not None and DEFAULT_RUNS != 1:
         alarms = [c for c in same if c["name"] in one["false_alarms"]]
-        one_key = f"1@{st['default_margin']:g}"
+        one_key = f"1@{DEFAULT_MARGIN:g}"
         shown = "".join(f" ({c['name']}, {ratio(c, one_key):,.0f}x its band)" for c in alarms)
         text += (f". One disturbed run gives {len(one['false_alarms'])} false alarm"
                  f"{'s' if len(one['false_alarms']) != 1 else ''}{shown} and {len(one['misses'])} miss"
