@@ -8,18 +8,24 @@ unit in the last place of float32 weights still shows.
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import torch
 
 
-@torch.no_grad()
+def tensor_norms(tensors: List[Optional[torch.Tensor]]) -> List[Optional[float]]:
+    """The L2 norm of each tensor in float64 (None for a missing one, e.g. a parameter without a gradient)."""
+    present = [t for t in tensors if t is not None]
+    if not present:
+        return [None] * len(tensors)
+    norms = iter(torch.stack([torch.linalg.vector_norm(t.detach(), dtype=torch.float64) for t in present])
+                 .cpu().tolist())
+    return [next(norms) if t is not None else None for t in tensors]
+
+
 def weight_norms(model: torch.nn.Module) -> List[float]:
     """The L2 norm of every parameter of `model`, in named_parameters() order (float64)."""
-    params = [p.detach() for p in model.parameters()]
-    if not params:
-        return []
-    return torch.stack([torch.linalg.vector_norm(p, dtype=torch.float64) for p in params]).cpu().tolist()
+    return tensor_norms(list(model.parameters()))
 
 
 def parameter_names(model: torch.nn.Module) -> List[str]:

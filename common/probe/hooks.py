@@ -19,7 +19,9 @@ import torch
 import torch.optim.optimizer as optim_module
 from torch.nn.modules import module as module_hooks
 
-from .recorder import Recorder, group_settings, input_fingerprint, state_summary, tensor_norms
+from common.loop.fingerprint import tensor_norms
+
+from .recorder import Recorder, group_settings, input_fingerprint, state_summary
 
 
 def params_of(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:

@@ -20,18 +20,10 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from common.loop.fingerprint import tensor_norms
+
 #: param-group entries that are not settings
-NOT_SETTINGS = ("params", "initial_lr_unused")
-
-
-def tensor_norms(tensors: List[Optional[torch.Tensor]]) -> List[Optional[float]]:
-    """The L2 norm of each tensor in float64 (None for a missing one, e.g. a parameter without a gradient)."""
-    present = [t for t in tensors if t is not None]
-    if not present:
-        return [None] * len(tensors)
-    norms = iter(torch.stack([torch.linalg.vector_norm(t.detach(), dtype=torch.float64) for t in present])
-                 .cpu().tolist())
-    return [next(norms) if t is not None else None for t in tensors]
+NOT_SETTINGS = ("params",)
 
 
 def input_fingerprint(value: Any) -> Optional[List]:

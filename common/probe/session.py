@@ -13,9 +13,11 @@ import torch
 from common.checkpoints.format import file_sha256
 from common.inputs.perturb import perturb_ulp
 from common.launch.placement import Placement
+from common.loop.fingerprint import tensor_norms
+
 from . import assemble
 from .hooks import Hooks, distributed_world, unwrap
-from .recorder import Recorder, tensor_norms
+from .recorder import Recorder
 
 #: how long rank 0 waits, once its script has ended, for the other ranks' records to end
 WAIT_S = 120.0
