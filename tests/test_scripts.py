@@ -82,9 +82,9 @@ def compare_here(folder: Path, *args, timeout=600):
     return run_cmd([PY, "-m", "common.compare", *map(str, args)], timeout=timeout, cwd=folder)
 
 
-def probed(launcher: str, np: int, run_dir: Path, script: str):
+def probed(launcher: str, np: int, run_dir: Path, script: str, probe_args=()):
     """The command that runs `script` under the probe through `launcher`, as the comparison starts it."""
-    return launch_layer.get(launcher).command(np, ["--run-dir", str(run_dir), script, *SCRIPT_ARGS],
+    return launch_layer.get(launcher).command(np, ["--run-dir", str(run_dir), *probe_args, script, *SCRIPT_ARGS],
                                               module="common.probe", python=PY)
 
 
@@ -150,6 +150,26 @@ def test_scripts_are_never_changed_copied_or_run_by_the_comparison(faithful, fol
     assert not copies, copies
     ran = (folder / "run-by.log").read_text().split()
     assert "none" not in ran and len(ran) == sum(r["world_size"] for r in summary["runs"]), ran
+
+
+def test_a_disturbed_script_run_starts_one_ulp_away_and_says_so(faithful, folder):
+    """The noise floor's runs of a script: the probe moves the initial weights by one ulp at the first forward."""
+    summary, out, _ = faithful
+    run_dir = folder / "disturbed"
+    result = run_cmd(probed("torchrun", 2, run_dir, "train_ddp.py", ["--perturb-ulp", "1", "--perturb-pattern", "2"]),
+                     timeout=300, cwd=folder)
+    assert result.returncode == 0, result.output[-3000:]
+    config = json.loads((run_dir / CONFIG_FILE).read_text())
+    assert (config["config"]["perturb_ulp"], config["config"]["perturb_pattern"]) == (1, 2)
+
+    def start(path):
+        return next(json.loads(line) for line in (path / METRICS_FILE).read_text().splitlines()
+                    if json.loads(line)["event"] == "start")
+
+    plain, moved = start(out / "runs" / "ddp-np2-r1"), start(run_dir)
+    gaps = [abs(a - b) / a for a, b in zip(plain["wnorm"], moved["wnorm"]) if a]
+    assert gaps and all(0 < g < 2.0 ** -20 for g in gaps), gaps  # every tensor moved, by about an ulp
+    assert moved["ranks"][0] == moved["ranks"][1]  # on every rank alike
 
 
 @pytest.fixture(scope="module")
