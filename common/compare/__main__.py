@@ -15,7 +15,7 @@ from ..config import OneLineParser, build_parser, positive_int
 from ..errors import print_error
 from .analysis import DEFAULT_TOLERANCE, FLOOR_MARGIN, weight_difference
 from .floor import DEFAULT_FLOOR_RUNS
-from .matrix import MatrixRunner, failure_record, plan, rerun_disturbed
+from .matrix import MatrixRunner, Training, failure_record, plan, rerun_disturbed
 from .sites import Hosts, SlurmAllocation, ThisHost
 
 PROG = "compare-backends"
@@ -211,7 +211,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return fail("the launch doctor found what would make the runs fail or hang (above); nothing was "
                             "launched")
         print(f"{PROG}: {len(planned)} runs into {args.out.resolve()}", flush=True)
-        runner = MatrixRunner(program if args.scripts else train_args, args.out, timeout_s=args.run_timeout,
+        runner = MatrixRunner(program if args.scripts else Training(tuple(train_args)), args.out, timeout_s=args.run_timeout,
                               echo=lambda line: print(line, flush=True), site=site)
         try:
             outcomes = runner.run_all(planned)

@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from common.rundir.names import LAUNCH_LOG, LAUNCH_RECORD
 from common.rundir.reader import DISTURBED, Run, read_run, run_name
@@ -177,9 +177,9 @@ PROBE_MODULE = "common.probe"
 class MatrixRunner:
     """Runs a plan sequentially (runs on one host must not compete for its cores)."""
 
-    def __init__(self, program, out: Path, python: str = sys.executable,
+    def __init__(self, program: Union[Training, Scripts], out: Path, python: str = sys.executable,
                  timeout_s: float = 1800, echo: Callable[[str], None] = print, site: ThisHost = ThisHost()) -> None:
-        self.program = program if isinstance(program, (Training, Scripts)) else Training(tuple(program))
+        self.program = program
         self.site = site
         self.out = out
         self.python = python
@@ -275,7 +275,8 @@ def rerun_disturbed(run: Run, count: int, out: Path, timeout_s: float,
         launcher = ThisHost().launcher(backend.get("name", ""), backend.get("controller"))
     except (KeyError, ValueError) as exc:
         return [], f"{run.name} has no launcher here ({exc})"
-    runner = MatrixRunner(config_argv(run.settings, leave_out=("run_dir", "resume", "perturb_ulp", "perturb_pattern")),
+    runner = MatrixRunner(Training(tuple(config_argv(run.settings, leave_out=("run_dir", "resume", "perturb_ulp",
+                                                                              "perturb_pattern")))),
                           out, timeout_s=timeout_s, echo=echo)
     outcomes = runner.run_all([PlannedRun(launcher, run.world_size, 0, floor_variant(k)) for k in range(1, count + 1)])
     failed = [o for o in outcomes if o.returncode != 0]
