@@ -13,8 +13,7 @@ import sys
 import time
 from typing import NoReturn, Optional
 
-from .launch import placement as _placement
-from .launch.placement import rank_hint
+from .launch import placement
 from .launch.together import leave_together
 
 
@@ -35,7 +34,7 @@ def print_error(prog: str, message: str, rank: Optional[int] = None, *, ranked: 
     newline: the ranks share the launcher's stderr, and a line written in two parts can have another
     rank's line between them."""
     if ranked:
-        rank = rank_hint() if rank is None else rank
+        rank = placement.rank_hint() if rank is None else rank
     prefix = f"[rank {rank}] " if ranked and rank is not None else ""
     sys.stderr.write(f"{prefix}{prog}: error: {message}\n")
     sys.stderr.flush()
@@ -49,7 +48,7 @@ def fail_usage(prog: str, message: str) -> NoReturn:
     print their own line too, and the ranks on a host leave together (common.launch.together).
     """
     print_error(prog, message)
-    here = _placement.detect()
+    here = placement.detect()
     if here.family is not None:
         # A launcher that stops this rank while it lingers (after a sibling exited) still sees exit code 2.
         for sig in (signal.SIGTERM, signal.SIGINT):
