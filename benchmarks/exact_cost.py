@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from common.compare import stats, tables
+from common.config import is_exact
 from common.errors import print_error
 from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 
@@ -40,7 +41,7 @@ MODES = ("allreduce", "exact")
 
 
 def _mode_args(mode: str, global_batch: int, micro_batch: int) -> List[str]:
-    if mode == "exact":
+    if is_exact({"reduction": mode}):
         return ["--reduction", "exact", "--global-batch", str(global_batch), "--micro-batch", str(micro_batch)]
     return ["--global-batch", str(global_batch)]
 
@@ -123,7 +124,7 @@ def distance(args, work: Path, failures: List[Dict]) -> Optional[Dict]:
     dirs = {}
     for mode in MODES:
         run_dir = work / f"default-{mode}"
-        train = (["--reduction", "exact"] if mode == "exact" else []) + ["--run-dir", str(run_dir)]
+        train = (["--reduction", mode] if is_exact({"reduction": mode}) else []) + ["--run-dir", str(run_dir)]
         print(f"exact_cost: default training, {mode}, 3 ranks ...", flush=True)
         try:
             run_job(worker_command("torchrun", 3, "ddp_train", train), run_dir.with_suffix(".log"), args.timeout)

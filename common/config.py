@@ -247,18 +247,24 @@ class Config:
     @property
     def exact(self) -> bool:
         """--reduction exact: fixed-point sums of micro-batch gradients."""
-        return self.reduction == "exact"
+        return is_exact(self.to_dict())
 
     @property
     def fixed_global_batch(self) -> bool:
         """Whether the global batch stays the same at every world size (--reduction exact, or --global-batch);
         otherwise the per-rank batch does and the global batch follows the world size."""
-        return fixed_global_batch(self.reduction, self.global_batch)
+        return fixed_global_batch(self.to_dict())
 
 
-def fixed_global_batch(reduction: str, global_batch: Optional[int]) -> bool:
-    """The rule of `Config.fixed_global_batch`, on the values of config.json's settings too."""
-    return reduction == "exact" or global_batch is not None
+def is_exact(settings: Dict[str, Any]) -> bool:
+    """The rule of `Config.exact` on settings as a dict (a Config's, config.json's "config", a checkpoint's
+    "settings"): whether they say --reduction exact."""
+    return settings.get("reduction") == "exact"
+
+
+def fixed_global_batch(settings: Dict[str, Any]) -> bool:
+    """The rule of `Config.fixed_global_batch` on settings as a dict (a Config's, config.json's "config")."""
+    return is_exact(settings) or settings.get("global_batch") is not None
 
 
 def options() -> List[dataclasses.Field]:
@@ -339,7 +345,7 @@ def config_argv(settings: Dict[str, Any], leave_out: Sequence[str] = ("run_dir",
         value = settings.get(field.name, field.default)
         if field.name in leave_out or value == field.default or (field.metadata["repeat"] and not value):
             continue
-        if field.name == "batch_size" and fixed_global_batch(settings.get("reduction"), settings.get("global_batch")):
+        if field.name == "batch_size" and fixed_global_batch(settings):
             continue  # the global batch sets it
         flag = flag_of(field)
         if field.type in (bool, "bool"):

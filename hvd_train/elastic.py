@@ -18,6 +18,7 @@ import copy
 from typing import Optional
 
 from common.checkpoints.format import CheckpointError
+from common.config import is_exact
 
 from .backend import broadcast_state
 
@@ -42,11 +43,11 @@ def make_state(hvd):
 
         def choose(self, world_size: int) -> Optional[dict]:
             """The commit a job of `world_size` ranks can continue from exactly."""
-            if self.latest is None:
+            latest = self.latest
+            if latest is None:
                 return None
-            exact = self.latest["settings"].get("reduction") == "exact"
-            if exact or self.latest["world_size"] == world_size or self.latest["batch"] == 0:
-                return self.latest
+            if is_exact(latest["settings"]) or latest["world_size"] == world_size or latest["batch"] == 0:
+                return latest
             return self.epoch_start
 
         # Horovod calls these around a reset; the work is done in rejoin(), inside the training function,

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 from common.rundir.reader import check_comparable, number_repeats, read_run
 from . import arguments, benchmarks, report, scripts
 from . import floor
-from ..config import OneLineParser, build_parser, positive_int
+from ..config import OneLineParser, build_parser, is_exact, positive_int
 from ..errors import print_error
 from .analysis import DEFAULT_TOLERANCE, FLOOR_MARGIN, weight_difference
 from .floor import DEFAULT_FLOOR_RUNS
@@ -191,7 +191,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return fail(str(exc))
     else:
         # Exact mode leaves nothing to explain: its runs agree to the bit.
-        explain = [] if "none" in args.explain or reduction_of(train_args) == "exact" else args.explain
+        explain = [] if "none" in args.explain or is_exact({"reduction": reduction_of(train_args)}) else args.explain
         backends = args.backends
         if args.scripts:
             # DDP first: the noise floor's disturbed runs are the first cell's, the DDP script's

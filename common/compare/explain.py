@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+from common.config import is_exact
 from common.rundir.reader import Run
 from .analysis import SAME_WITHIN, parity, relation
 
@@ -89,7 +90,7 @@ def explanations(pairs: List[Dict], runs: List[Run]) -> List[Dict]:
 def world_size_verdicts(runs: List[Run]) -> List[Dict]:
     """--reduction exact: whether every world size (and backend) ended with the same weights, or the first
     world size that differs from the smallest."""
-    exact = [r for r in runs if r.repeat == 0 and not is_variant(r) and r.settings.get("reduction") == "exact"]
+    exact = [r for r in runs if r.repeat == 0 and not is_variant(r) and is_exact(r.settings)]
     sizes = sorted({r.world_size for r in exact})
     if len(sizes) < 2:
         return []

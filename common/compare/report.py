@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from common.config import is_exact
 from common.rundir.names import SUMMARY_FILE
 from common.rundir.reader import Run, setting_differences
 from common.rundir.writer import json_safe
@@ -92,7 +93,7 @@ def _markdown(s: Dict, runs: List[Run], bench_section: List[str]) -> str:
     first = runs[0].settings if runs else {}
     if first:
         batch = (f"--reduction exact, global batch {first.get('global_batch') or 'default'} in micro-batches of "
-                 f"{first.get('micro_batch')}" if first.get("reduction") == "exact" else
+                 f"{first.get('micro_batch')}" if is_exact(first) else
                  f"global batch {first['global_batch']}" if first.get("global_batch") else
                  f"per-process batch {first.get('batch_size')}")
         md.append(f"Model **{first.get('model')}** on **{first.get('dataset')}**, {batch}, seed {first.get('seed')}, "
