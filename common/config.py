@@ -14,11 +14,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .choices import DATASETS, FILE_DATASETS, MODELS, OPTIMIZERS, PRETRAINABLE_MODELS
 from .errors import UsageError, fail_usage
 
-DATASETS = ("digits", "synthetic", "mnist", "cifar10", "imagefolder")
-MODELS = ("mlp", "convnet", "mnist_net", "resnet18", "resnet50")
-OPTIMIZERS = ("sgd", "adam", "adadelta")
 LR_SCHEDULES = ("constant", "step", "cosine")
 LR_SCALINGS = ("none", "linear")
 COMPRESSIONS = ("none", "fp16")
@@ -381,7 +379,7 @@ def parse_config(argv: Optional[Sequence[str]], prog: str, description: str) -> 
 
 def check_config(config: Config) -> None:
     """Checks that need more than one option at a time; raises UsageError."""
-    if config.dataset in ("mnist", "cifar10", "imagefolder"):
+    if config.dataset in FILE_DATASETS:
         path = config.data_dir
         if not path:
             raise UsageError(f"--dataset {config.dataset} needs --data-dir pointing at its files")
@@ -389,8 +387,8 @@ def check_config(config: Config) -> None:
             raise UsageError(f"--data-dir {path!r} is not a directory; point it at the {config.dataset} files")
         if not os.access(path, os.R_OK | os.X_OK):
             raise UsageError(f"--data-dir {path!r} is not readable by this user; fix its permissions")
-    if config.pretrained and config.model not in ("resnet18", "resnet50"):
-        raise UsageError(f"--pretrained applies to resnet18/resnet50 only, not --model {config.model}")
+    if config.pretrained and config.model not in PRETRAINABLE_MODELS:
+        raise UsageError(f"--pretrained applies to {'/'.join(PRETRAINABLE_MODELS)} only, not --model {config.model}")
     if config.pretrained:
         raise UsageError("--pretrained weights cannot be downloaded here (no network); "
                          "train from random init or load a checkpoint")

@@ -14,13 +14,15 @@ PACKAGES = ("common", "ddp_train", "hvd_train", "benchmarks")
 #: what each part of the project may import of the project besides itself (docs/architecture.md draws it)
 ALLOWED = {
     "common.launch": set(),
+    "common.choices": set(),
     "common.errors": {"common.launch"},
-    "common.config": {"common.errors"},
-    "common.inputs": {"common.config", "common.errors"},
+    "common.config": {"common.choices", "common.errors"},
+    "common.inputs": {"common.choices", "common.config", "common.errors"},
     "common.exact": {"common.config", "common.loop"},
     "common.checkpoints": {"common.config", "common.loop"},
     "common.faults": {"common.errors", "common.loop"},
-    "common.loop": {"common.config", "common.errors", "common.faults", "common.inputs", "common.launch"},
+    "common.loop": {"common.choices", "common.config", "common.errors", "common.faults", "common.inputs",
+                    "common.launch"},
     "common.rundir": {"common.checkpoints", "common.config", "common.inputs", "common.launch", "common.loop"},
     "common.doctor": {"common.errors", "common.launch"},
     "common.compare": {"common.config", "common.doctor", "common.errors", "common.launch", "common.rundir"},

@@ -73,6 +73,30 @@ def test_model_registry_adapts_to_dataset_shapes():
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
+def test_options_offer_exactly_what_the_registries_build():
+    """--dataset, --model and --optimizer accept (and --help names) the registries' built-ins, no more and no
+    fewer; a registry that does not match its option's names is refused when it is made."""
+    import argparse
+
+    from common.choices import FILE_DATASETS, PRETRAINABLE_MODELS, registry
+    from common.config import build_parser
+    from common.inputs.data import DATASET_BUILDERS
+    from common.inputs.models import MIN_IMAGE_SIZE, MODEL_BUILDERS, NATURAL_IMAGE_SIZE
+    from common.loop.optim import OPTIMIZER_BUILDERS
+
+    options = {action.dest: action for action in build_parser("train", "")._actions}
+    assert options["optimizer"].choices == tuple(OPTIMIZER_BUILDERS)
+    for dest, builders in (("dataset", DATASET_BUILDERS), ("model", MODEL_BUILDERS)):
+        assert options[dest].metavar.startswith("{" + ",".join(builders) + "}|"), options[dest].metavar
+        assert [options[dest].type(name) for name in builders] == list(builders)
+        with pytest.raises(argparse.ArgumentTypeError, match="choose one of " + ", ".join(builders)):
+            options[dest].type("not_built_in")
+    assert list(MIN_IMAGE_SIZE) == list(NATURAL_IMAGE_SIZE) == list(MODEL_BUILDERS)
+    assert set(FILE_DATASETS) <= set(DATASET_BUILDERS) and set(PRETRAINABLE_MODELS) <= set(MODEL_BUILDERS)
+    with pytest.raises(ValueError, match=r"no entry for \['b'\], not offered \['c'\]"):
+        registry(("a", "b"), {"a": 1, "c": 2}, "test")
+
+
 def test_seed_fixes_the_split_and_synthetic_samples():
     from common.config import Config
     from common.inputs.data import open_datasets

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, SequentialSampler,
                               Subset, TensorDataset)
 
+from common.choices import DATASETS, registry
 from common.config import Config, check_config
 from common.errors import UsageError
 from .factories import article, describe_exception, is_factory, load
@@ -191,13 +192,13 @@ def _imagefolder(config: Config):
     return train, val, DataInfo(3, size, len(train.classes))
 
 
-DATASET_BUILDERS: Dict[str, Callable] = {
+DATASET_BUILDERS: Dict[str, Callable] = registry(DATASETS, {
     "digits": _digits,
     "synthetic": _synthetic,
     "mnist": _mnist,
     "cifar10": _cifar10,
     "imagefolder": _imagefolder,
-}
+}, "dataset")
 
 
 def open_datasets(config: Config, natural_image_size: int = 8):

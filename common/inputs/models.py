@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.choices import MODELS, registry
 from common.errors import UsageError
 from .factories import TORCHVISION, Factory, article, is_factory, load, torchvision_factory
 
@@ -83,19 +84,21 @@ def _resnet(name: str) -> Callable[[int, int, int], nn.Module]:
     return build
 
 
-MODEL_BUILDERS: Dict[str, Callable[[int, int, int], nn.Module]] = {
+MODEL_BUILDERS: Dict[str, Callable[[int, int, int], nn.Module]] = registry(MODELS, {
     "mlp": MLP,
     "convnet": ConvNet,
     "mnist_net": MnistNet,
     "resnet18": _resnet("resnet18"),
     "resnet50": _resnet("resnet50"),
-}
+}, "model")
 
 #: smallest input side each model accepts
-MIN_IMAGE_SIZE = {"mlp": 1, "convnet": 4, "mnist_net": 6, "resnet18": 32, "resnet50": 32}
+MIN_IMAGE_SIZE = registry(MODELS, {"mlp": 1, "convnet": 4, "mnist_net": 6, "resnet18": 32, "resnet50": 32},
+                          "smallest image side")
 #: the input side --dataset synthetic takes when --image-size is not given: ImageNet's for ImageNet models (as
 #: Horovod's synthetic benchmark and pytorch/examples' --dummy do), the embedded digits' for the small ones
-NATURAL_IMAGE_SIZE = {"mlp": 8, "convnet": 8, "mnist_net": 8, "resnet18": 224, "resnet50": 224}
+NATURAL_IMAGE_SIZE = registry(MODELS, {"mlp": 8, "convnet": 8, "mnist_net": 8, "resnet18": 224, "resnet50": 224},
+                              "natural image side")
 TORCHVISION_IMAGE_SIZE = 224
 USER_IMAGE_SIZE = 8
 

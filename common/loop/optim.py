@@ -6,18 +6,23 @@ import math
 
 import torch
 
+from common.choices import OPTIMIZERS, registry
 from common.config import Config
+
+#: --optimizer's optimizers, each built from the config over the parameters
+OPTIMIZER_BUILDERS = registry(OPTIMIZERS, {
+    "sgd": lambda config, params: torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                                                  weight_decay=config.weight_decay),
+    "adam": lambda config, params: torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay),
+    "adadelta": lambda config, params: torch.optim.Adadelta(params, lr=config.lr, weight_decay=config.weight_decay),
+}, "optimizer")
 
 
 def make_optimizer(config: Config, params) -> torch.optim.Optimizer:
     """The configured optimizer over `params` (lr is set per step by lr_at)."""
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    if config.optimizer == "adadelta":
-        return torch.optim.Adadelta(params, lr=config.lr, weight_decay=config.weight_decay)
-    raise ValueError(f"unknown optimizer {config.optimizer!r}")
+    if config.optimizer not in OPTIMIZER_BUILDERS:
+        raise ValueError(f"unknown optimizer {config.optimizer!r}")
+    return OPTIMIZER_BUILDERS[config.optimizer](config, params)
 
 
 def lr_at(config: Config, step: int, steps_per_epoch: int, total_steps: int, world_size: int) -> float:
