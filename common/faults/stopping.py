@@ -1,4 +1,5 @@
-"""Stop control: signals, the ranks' agreement to stop, and the progress watchdog.
+"""Stop control: signals, the ranks' agreement to stop, the progress watchdog, and how a rank leaves after an
+agreed stop or a failure.
 
 A first SIGINT/SIGTERM asks the job to stop: the ranks agree on it in a tiny collective, write a
 final checkpoint and end with 128 + the signal. A second one stops at once (the default action).
@@ -16,7 +17,8 @@ import os
 import signal
 import sys
 import time
-from typing import List, Optional
+import traceback
+from typing import Callable, List, NoReturn, Optional
 
 from common.errors import print_error
 from common.loop.backend import Backend
@@ -89,6 +91,27 @@ class StopControl:
         """Training is over: stop watching."""
         if self.watchdog is not None:
             self.watchdog.stop()
+
+    def leave_stopped(self, signum: int, close: Callable[[], None]) -> NoReturn:
+        """End this rank after an agreed stop (its checkpoint written) with 128 + the signal, once `close` has
+        closed its files. The launcher is taking the job down: no goodbyes from the backend, which can wait
+        for it (MPI_Finalize waits on an mpirun that is aborting the job until it kills the rank)."""
+        self.close()
+        close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    def leave_failed(self) -> NoReturn:
+        """Any other failure (call it while handling the exception) ends this rank, loudly and at once: the
+        traceback, where the other ranks are, and one error line. No graceful shutdown: the other ranks may be
+        waiting in a collective that will never complete, and a clean shutdown would wait for them too."""
+        self.close()  # the watchdog must not cut the explanation short
+        traceback.print_exc()
+        stall = self.backend.explain_stall()
+        if stall:
+            print_error(self.prog, stall, self.backend.rank)
+        self._leave(f"rank {self.backend.rank} failed (traceback above); the launcher stops the other ranks", None)
 
     def _waited_too_long(self, waited_s: float) -> None:
         """Watchdog expiry: say how long this rank waited and where every other rank is, then end it."""

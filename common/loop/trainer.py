@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-import traceback
 from typing import Callable, Dict, Optional
 
 import torch
@@ -87,9 +85,7 @@ class Trainer:
         try:
             self.setup()
             return fit(self) if fit is not None else self.fit()
-        except ckpt_io.CheckpointError as exc:
-            fail_usage(self.prog, str(exc))
-        except UsageError as exc:
+        except (ckpt_io.CheckpointError, UsageError) as exc:
             fail_usage(self.prog, str(exc))
         except NonFinite as exc:
             print_error(self.prog, str(exc), self.backend.rank)
@@ -97,31 +93,12 @@ class Trainer:
         except Interrupted as stop:
             self.say(f"stopped by {signal.Signals(stop.signum).name} at step {stop.step}; checkpoint written, "
                      "continue with --resume auto")
-            # The launcher is taking the job down: leave without the backend's goodbyes, which can wait for
-            # it (MPI_Finalize waits on an mpirun that is aborting the job until it kills the rank).
-            self.stop.close()
-            if self.run_dir is not None:
-                self.run_dir.close()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(128 + stop.signum)
+            self.stop.leave_stopped(stop.signum, close=self.close_run_dir)
         except Exception:  # noqa: BLE001 - any other failure ends this rank, loudly and at once
-            self.stop.close()  # the watchdog must not cut the explanation short
-            traceback.print_exc()
-            stall = self.backend.explain_stall()
-            if stall:
-                print_error(self.prog, stall, self.backend.rank)
-            print_error(self.prog, f"rank {self.backend.rank} failed (traceback above); the launcher stops the "
-                        "other ranks", self.backend.rank)
-            sys.stdout.flush()
-            # No graceful shutdown: the other ranks may be waiting in a collective that will never
-            # complete, and a clean shutdown would wait for them too.
-            self.backend.end_stopped_peers()
-            os._exit(1)
+            self.stop.leave_failed()
         finally:
             self.stop.close()
-            if self.run_dir is not None:
-                self.run_dir.close()
+            self.close_run_dir()
             self.backend.close_liveness()
             self.backend.shutdown()
 
@@ -406,8 +383,7 @@ class Trainer:
         """Rank 0 opens the run directory (keeping the events up to a resumed step) and writes config.json
         (a collective: every rank's host)."""
         rank_hosts = self.backend.all_gather_object(self.backend.host())
-        if self.run_dir is not None:
-            self.run_dir.close()
+        self.close_run_dir()
         pos = self.position
         self.run_dir = RunDir(self.config.run_dir, self.backend.is_main, tensorboard=self.config.tensorboard)
         self.run_dir.open(keep_until_step=pos.step if pos.resumed_from else None)
@@ -422,6 +398,11 @@ class Trainer:
             self.run_dir.log("note", step=pos.step, message=note)
         # The weights training starts from (after the broadcast or a resume): the step events' wnorm continue it.
         self.run_dir.log("start", step=pos.step, wnorm=weight_norms(self.plain_model) if self.backend.is_main else None)
+
+    def close_run_dir(self) -> None:
+        """Close the run directory's files, if it was opened."""
+        if self.run_dir is not None:
+            self.run_dir.close()
 
     def note(self, message: str) -> None:
         """A note event for metrics.jsonl, written when the run directory is (re)opened."""
