@@ -18,6 +18,7 @@ from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
+from common.config import Config
 from common.faults.liveness import Activity, Liveness
 from common.launch.placement import Placement
 
@@ -40,6 +41,13 @@ class Tuning:
     gradient_bytes: int = 0
     deterministic: bool = False  # the same bits run after run (Horovod: no tensor fusion)
     predivide: bool = False      # divide gradients by the world size before the sum (Horovod; DDP always does)
+
+    @classmethod
+    def from_config(cls, config: Config, gradient_bytes: int) -> "Tuning":
+        """The tuning options of `config`, for a model whose step reduces `gradient_bytes`."""
+        return cls(compression=config.compression, bucket_mb=config.bucket_mb, accumulate=config.accumulate,
+                   profile=config.profile > 0, gradient_bytes=gradient_bytes, deterministic=config.deterministic,
+                   predivide=config.predivide)
 
 
 #: the collectives every backend implements, and what a rank in one is said to wait in (common.faults.liveness)

@@ -16,11 +16,8 @@ from common.errors import UsageError, fail_usage, print_error
 from common.exact.step import ExactStep
 from common.faults import sigterm_hold
 from common.faults.stopping import Interrupted, StopControl
-from common.inputs.data import DataInfo, open_datasets
-from common.inputs.factories import parse_literals
-from common.inputs.modelcheck import check_trainable
-from common.inputs.models import ModelChoice, build_model, choose_model, gradient_bytes
-from common.inputs.perturb import perturb_ulp
+from common.inputs.models import gradient_bytes
+from common.inputs.opening import Inputs, open_inputs
 from common.launch.placement import default_threads
 from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 from common.rundir.records import RunOutcome, RunSetup, config_record, summary_record
@@ -59,10 +56,7 @@ class Trainer:
         self.checkpointer = Checkpointer(config.run_dir, config.keep_checkpoints, backend, self.say)
         self.stop = StopControl(backend, config.timeout, prog)
         self.run_dir: Optional[RunDir] = None  # opened by fit()
-        # What prepare() opens and checks before any collective:
-        self.model_choice: Optional[ModelChoice] = None
-        self.train_set = self.val_set = None
-        self.info: Optional[DataInfo] = None
+        self.inputs: Optional[Inputs] = None  # what prepare() opens and checks before any collective
         self.model: Optional[torch.nn.Module] = None  # the model training runs (wrapped by the backend)
         # The parts setup() builds on the joined job, and where training stands:
         self.threads = 0
@@ -108,14 +102,8 @@ class Trainer:
         config, backend = self.config, self.backend
         try:
             backend.check_environment()
-            self.model_choice = choose_model(config.model)
-            self.train_set, self.val_set, self.info = open_datasets(config, self.model_choice.natural_image_size)
             # Built before init: the backend may tune itself to the model's size (Horovod's cycle time).
-            self.model = build_model(self.model_choice, self.info.channels, self.info.image_size,
-                                     self.info.num_classes, config.seed, parse_literals(config.model_arg))
-            check_trainable(self.model, config.model, self.train_set, self.info.num_classes,
-                            exact=config.exact)
-            perturb_ulp(self.model, config.perturb_ulp, config.perturb_pattern)  # every rank alike, before the first broadcast
+            self.inputs = open_inputs(config)
             backend.select_device(config.device)
         except (UsageError, ValueError, RuntimeError) as exc:
             fail_usage(self.prog, str(exc))
@@ -128,10 +116,7 @@ class Trainer:
         if config.amp == "fp16" and backend.device.type != "cuda":
             fail_usage(self.prog, AMP_FP16_NEEDS_CUDA)
         sigterm_hold.release()  # the input is good: a launcher's SIGTERM stops this rank from now on
-        backend.configure(Tuning(compression=config.compression, bucket_mb=config.bucket_mb,
-                                 accumulate=config.accumulate, profile=config.profile > 0,
-                                 gradient_bytes=gradient_bytes(self.model), deterministic=config.deterministic,
-                                 predivide=config.predivide))
+        backend.configure(Tuning.from_config(config, gradient_bytes(self.inputs.model)))
         try:
             backend.init(config.timeout)
         except UsageError as exc:  # e.g. the rendezvous port is taken
@@ -153,10 +138,10 @@ class Trainer:
         print(f"[{backend.name}] rank {backend.rank}/{backend.world_size} local_rank "
               f"{backend.local_rank}/{backend.local_world_size} host {backend.host()} device {backend.device} "
               f"threads {self.threads}", flush=True)
-        self.batches = Batches(config, self.train_set, self.val_set, backend, backend.device)
-        self.settings = run_settings(config, self.info.image_size, self.batches.global_batch)
+        self.batches = Batches(config, self.inputs.train_set, self.inputs.val_set, backend, backend.device)
+        self.settings = run_settings(config, self.inputs.info.image_size, self.batches.global_batch)
         self.precision = Precision(config.amp, backend.device)
-        model = self.model.to(backend.device, memory_format=torch.channels_last if config.channels_last
+        model = self.inputs.model.to(backend.device, memory_format=torch.channels_last if config.channels_last
                               else torch.preserve_format)
         optimizer = make_optimizer(config, model.parameters())
         if self.exact:  # the step sums gradients itself; rank 0's weights everywhere to start
@@ -367,7 +352,7 @@ class Trainer:
         config, backend = self.config, self.backend
         origin = origin or state["path"]
         if not self.batches.placed_as(backend):  # an elastic job changed its members
-            self.batches = Batches(config, self.train_set, self.val_set, backend, backend.device)
+            self.batches = Batches(config, self.inputs.train_set, self.inputs.val_set, backend, backend.device)
         self.plain_model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.precision.load_state_dict(state.get("scaler"))
@@ -388,9 +373,9 @@ class Trainer:
         self.run_dir = RunDir(self.config.run_dir, self.backend.is_main, tensorboard=self.config.tensorboard)
         self.run_dir.open(keep_until_step=pos.step if pos.resumed_from else None)
         self.run_dir.write_json(CONFIG_FILE, config_record(RunSetup(
-            self.config, self.backend, rank_hosts, threads=self.threads, info=self.info,
-            model_factory=self.model_choice.record(), train_samples=len(self.train_set),
-            val_samples=len(self.val_set), batches=self.batches, precision=self.precision.describe(),
+            self.config, self.backend, rank_hosts, threads=self.threads, info=self.inputs.info,
+            model_factory=self.inputs.model_choice.record(), train_samples=len(self.inputs.train_set),
+            val_samples=len(self.inputs.val_set), batches=self.batches, precision=self.precision.describe(),
             profile=self.profiler.describe(), resumed_from=pos.resumed_from,
             buffers=[name for name, _ in self.plain_model.named_buffers()],
             parameters=parameter_names(self.plain_model))))
