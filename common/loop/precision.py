@@ -1,5 +1,6 @@
-"""Mixed precision for the one training loop: autocast around forward and loss, and (float16 only)
-a GradScaler, whose state travels in checkpoints."""
+"""The numerics of the one training loop: mixed precision (autocast around forward and loss, and, float16
+only, a GradScaler whose state travels in checkpoints), and what else a result's bits depend on in a process:
+its thread count and torch's deterministic algorithms."""
 
 from __future__ import annotations
 
@@ -8,7 +9,25 @@ from typing import ContextManager, Optional
 
 import torch
 
+from common.config import Config
+from common.launch.placement import default_threads
+
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: intra-op threads per process in --reduction exact unless --threads says otherwise
+EXACT_THREADS = 1
+
+
+def set_numerics(config: Config, local_world_size: int) -> int:
+    """Set this process's intra-op thread count and, with --deterministic, torch's deterministic algorithms;
+    returns the thread count: --threads, else 1 in exact mode, else this host's cores shared among its
+    `local_world_size` processes. Exact mode computes every micro-batch with the same thread count at every
+    world size: the thread count can change a result's bits."""
+    threads = config.threads or (EXACT_THREADS if config.exact else default_threads(local_world_size))
+    torch.set_num_threads(threads)
+    if config.deterministic:
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    return threads
 
 
 class Precision:

@@ -18,7 +18,6 @@ from common.faults import sigterm_hold
 from common.faults.stopping import Interrupted, StopControl
 from common.inputs.models import gradient_bytes
 from common.inputs.opening import Inputs, open_inputs
-from common.launch.placement import default_threads
 from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 from common.rundir.records import RunOutcome, RunSetup, config_record, summary_record
 from common.rundir.writer import RunDir
@@ -30,15 +29,13 @@ from .finite import LossWatch, NonFinite, nonfinite_tensors, weights_message
 from .metrics import SumMeter
 from .optim import lr_at, make_optimizer, set_lr
 from .position import Position
-from .precision import Precision
+from .precision import Precision, set_numerics
 from .profiling import PROFILE_DIR, StepProfiler
 from .progress import epoch_bar, epoch_line
 from .stepping import AllreduceStep, Step
 from .steptimer import StepTimer
 
 TRAIN_METRICS = ["loss", "correct"]
-#: intra-op threads per process in --reduction exact unless --threads says otherwise
-EXACT_THREADS = 1
 
 
 class Trainer:
@@ -52,7 +49,6 @@ class Trainer:
 
     def __init__(self, config: Config, backend: Backend, prog: str) -> None:
         self.config, self.backend, self.prog = config, backend, prog
-        self.exact = config.exact
         self.checkpointer = Checkpointer(config.run_dir, config.keep_checkpoints, backend, self.say)
         self.stop = StopControl(backend, config.timeout, prog)
         self.run_dir: Optional[RunDir] = None  # opened by fit()
@@ -128,13 +124,7 @@ class Trainer:
         """Loaders, the model on its device, the optimizer wrapped by the backend, and the position to
         start from (a checkpoint's, or the beginning)."""
         config, backend = self.config, self.backend
-        # Exact mode computes every micro-batch with the same thread count at every world size: the
-        # thread count can change a result's bits.
-        self.threads = config.threads or (EXACT_THREADS if self.exact else default_threads(backend.local_world_size))
-        torch.set_num_threads(self.threads)
-        if config.deterministic:
-            torch.use_deterministic_algorithms(True)
-            torch.backends.cudnn.benchmark = False
+        self.threads = set_numerics(config, backend.local_world_size)
         print(f"[{backend.name}] rank {backend.rank}/{backend.world_size} local_rank "
               f"{backend.local_rank}/{backend.local_world_size} host {backend.host()} device {backend.device} "
               f"threads {self.threads}", flush=True)
@@ -144,7 +134,7 @@ class Trainer:
         model = self.inputs.model.to(backend.device, memory_format=torch.channels_last if config.channels_last
                               else torch.preserve_format)
         optimizer = make_optimizer(config, model.parameters())
-        if self.exact:  # the step sums gradients itself; rank 0's weights everywhere to start
+        if config.exact:  # the step sums gradients itself; rank 0's weights everywhere to start
             backend.broadcast_module(model)
             self.model, self.optimizer, self.plain_model = model, optimizer, model
             self.step = ExactStep(model, optimizer, backend, self.precision, config, self.batches)
