@@ -1,4 +1,5 @@
-"""The batches of this rank at the current world size: loaders, steps per epoch, the last step.
+"""The batches of this rank at the current world size: loaders, steps per epoch, the last step, the batches
+on this rank's device.
 
 With --reduction allreduce a step is one optimizer step over --accumulate micro-batches (loader
 batches) of the per-rank batch (--batch-size, or --global-batch / world size); an epoch's incomplete
@@ -10,7 +11,7 @@ world size. Positions inside an epoch are counted in loader batches.
 from __future__ import annotations
 
 import itertools
-from typing import Iterator, List
+from typing import Iterator, List, Tuple
 
 import torch
 
@@ -38,6 +39,7 @@ class Batches:
 
     def __init__(self, config: Config, train_set, val_set, backend: Backend, device: torch.device) -> None:
         self.config = config
+        self.train_set, self.val_set, self.device = train_set, val_set, device
         self.rank, self.world_size = backend.rank, backend.world_size
         self.exact = config.exact
         world = self.world_size
@@ -67,9 +69,12 @@ class Batches:
         self.batches_per_epoch = self.steps_per_epoch * self.accumulate
         self.total_steps = self.last_step(from_epoch=0, from_step=0)
 
-    def placed_as(self, backend: Backend) -> bool:
-        """Whether these batches are the ones of `backend`'s rank and world size."""
-        return (self.rank, self.world_size) == (backend.rank, backend.world_size)
+    def placed_for(self, backend: Backend) -> Batches:
+        """These batches while `backend`'s rank and world size are theirs; else (an elastic job changed its
+        members) this rank's batches at its new rank and world size."""
+        if (self.rank, self.world_size) == (backend.rank, backend.world_size):
+            return self
+        return Batches(self.config, self.train_set, self.val_set, backend, backend.device)
 
     def last_step(self, from_epoch: int, from_step: int) -> int:
         """The run's last step when it continues at this world size from (epoch, step): the rest of the
@@ -82,10 +87,19 @@ class Batches:
         self.total_steps = self.last_step(from_epoch=epoch, from_step=step)
 
     def epoch(self, epoch: int, skip: int) -> Iterator[List]:
-        """The groups of loader batches (one per step) of `epoch`, leaving out its first `skip` loader batches."""
+        """The groups of loader batches (one per step) of `epoch` on this rank's device, leaving out its first
+        `skip` loader batches."""
         self.sampler.set_epoch(epoch)
         self.sampler.skip = skip if self.exact else skip * self.per_rank_batch
-        return grouped(self.train_loader, self.accumulate)
+        return ([self.on_device(images, labels) for images, labels in group]
+                for group in grouped(self.train_loader, self.accumulate))
+
+    def on_device(self, images: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """A batch on this rank's device, inputs in channels-last memory format when asked (4-D only)."""
+        images = images.to(self.device, non_blocking=True)
+        if self.config.channels_last and images.dim() == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, labels.to(self.device, non_blocking=True)
 
     def finished(self, batch: int) -> bool:
         """Whether `batch` loader batches complete an epoch."""

@@ -177,7 +177,6 @@ class Trainer:
         bar = epoch_bar(config.progress, backend.is_main, epoch, self.batches.steps_per_epoch, pos.batch // accumulate)
         backend.activity.set("loading data")
         for group in self.batches.epoch(epoch, skip=pos.batch):
-            group = [self.to_device(images, labels) for images, labels in group]
             timer.fetched()
             backend.activity.set(self.step.doing)
             lr = self.lr_at(pos.step)
@@ -283,17 +282,10 @@ class Trainer:
         if message:
             raise NonFinite(message)
 
-    def to_device(self, images: torch.Tensor, labels: torch.Tensor):
-        """A batch on this rank's device, inputs in channels-last memory format when asked (4-D only)."""
-        device = self.backend.device
-        images = images.to(device, non_blocking=True)
-        if self.config.channels_last and images.dim() == 4:
-            images = images.contiguous(memory_format=torch.channels_last)
-        return images, labels.to(device, non_blocking=True)
-
     def evaluate(self) -> Dict[str, float]:
         """Exact validation of the current weights (a collective)."""
-        return evaluate(self.plain_model, self.batches.val_loader, self.backend, self.precision, self.to_device)
+        return evaluate(self.plain_model, self.batches.val_loader, self.backend, self.precision,
+                        self.batches.on_device)
 
     def new_meter(self) -> SumMeter:
         """Empty partial sums of an epoch's training metrics."""
@@ -341,8 +333,7 @@ class Trainer:
         loaders are rebuilt and the rest of the run is counted at the new world's steps per epoch."""
         config, backend = self.config, self.backend
         origin = origin or state["path"]
-        if not self.batches.placed_as(backend):  # an elastic job changed its members
-            self.batches = Batches(config, self.inputs.train_set, self.inputs.val_set, backend, backend.device)
+        self.batches = self.batches.placed_for(backend)  # an elastic job may have changed its members
         self.plain_model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.precision.load_state_dict(state.get("scaler"))
