@@ -28,9 +28,10 @@ def carry_over(state: Dict, position: Position, origin: str, config: Config, bac
         # on every rank) and the random numbers (keyed by step and micro-batch) carry over as they are.
         position.meter.load([float(v) for v in state["meter"][0]])
         if old_world != backend.world_size:
-            position.notes.append(f"world size changed {old_world} -> {backend.world_size} at step "
-                                  f"{position.step} (--reduction exact: the same global batches)")
-            say(position.notes[-1])
+            note = (f"world size changed {old_world} -> {backend.world_size} at step {position.step} "
+                    "(--reduction exact: the same global batches)")
+            position.note(note)
+            say(note)
     elif old_world == backend.world_size:
         torch.set_rng_state(state["rng"][backend.rank])
         position.meter.load([float(v) for v in state["meter"][backend.rank]])
@@ -49,5 +50,5 @@ def carry_over(state: Dict, position: Position, origin: str, config: Config, bac
                 f"{settings['global_batch'] or global_batch_at(config, old_world)} -> "
                 f"{batches.global_batch}, lr {old_lr:g} -> {new_lr:g}"
                 + (" (--lr-scaling linear)" if config.lr_scaling == "linear" else ""))
-        position.notes.append(note)
+        position.note(note)
         say(note)

@@ -13,6 +13,8 @@ from typing import List, Optional
 
 import torch
 
+from .backend import Backend
+
 
 class NonFinite(Exception):
     """A non-finite loss, weight or buffer; the message says where. Training stops, exit code 1."""
@@ -67,3 +69,16 @@ def weights_message(bad_by_rank: List[Optional[List[str]]], step: int, what: str
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return (f"non-finite values in {shown} (rank {rank}) at step {step}; {what} not written (the last good "
             "checkpoint is kept); lower --lr or check the data")
+
+
+def refuse_nonfinite(bad_by_rank: List[Optional[List[str]]], step: int, what: str) -> None:
+    """NonFinite when some rank found non-finite weights or buffers (`bad_by_rank`, gathered from every rank)
+    before writing `what`."""
+    message = weights_message(bad_by_rank, step, what)
+    if message:
+        raise NonFinite(message)
+
+
+def check_weights(backend: Backend, model: torch.nn.Module, step: int, what: str) -> None:
+    """NonFinite on every rank when any rank's weights or buffers hold a NaN or an infinity (a collective)."""
+    refuse_nonfinite(backend.all_gather_object(nonfinite_tensors(model)), step, what)

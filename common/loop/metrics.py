@@ -31,6 +31,10 @@ class SumMeter:
         """The raw sums followed by the count, as floats (for all_reduce_sum)."""
         return [float(v) for v in self.sums.cpu()]
 
+    def emptied(self) -> SumMeter:
+        """New, empty sums of the same quantities on the same device."""
+        return SumMeter(self.names, self.sums.device)
+
     @staticmethod
     def means(names: List[str], reduced: List[float]) -> Dict[str, float]:
         """Per-sample means from reduced sums; `count` is included."""

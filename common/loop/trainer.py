@@ -10,7 +10,6 @@ import torch
 
 from common.checkpoints import format as ckpt_io
 from common.checkpoints.during_run import Checkpointer, run_settings
-from common.checkpoints.resume import carry_over
 from common.config import AMP_FP16_NEEDS_CUDA, Config
 from common.errors import UsageError, fail_usage, print_error
 from common.exact.step import ExactStep
@@ -25,17 +24,14 @@ from .backend import Backend, Tuning
 from .batches import Batches
 from .evaluation import evaluate
 from .fingerprint import parameter_names, weight_norms
-from .finite import LossWatch, NonFinite, nonfinite_tensors, weights_message
-from .metrics import SumMeter
+from .finite import LossWatch, NonFinite, check_weights
 from .optim import lr_at, make_optimizer, set_lr
-from .position import Position
+from .position import Position, epoch_means
 from .precision import Precision, set_numerics
 from .profiling import PROFILE_DIR, StepProfiler
 from .progress import epoch_bar, epoch_line
 from .stepping import AllreduceStep, Step
 from .steptimer import StepTimer
-
-TRAIN_METRICS = ["loss", "correct"]
 
 
 class Trainer:
@@ -49,7 +45,6 @@ class Trainer:
 
     def __init__(self, config: Config, backend: Backend, prog: str) -> None:
         self.config, self.backend, self.prog = config, backend, prog
-        self.checkpointer = Checkpointer(config.run_dir, config.keep_checkpoints, backend, self.say)
         self.stop = StopControl(backend, config.timeout, prog)
         self.run_dir: Optional[RunDir] = None  # opened by fit()
         self.inputs: Optional[Inputs] = None  # what prepare() opens and checks before any collective
@@ -57,7 +52,6 @@ class Trainer:
         # The parts setup() builds on the joined job, and where training stands:
         self.threads = 0
         self.batches: Optional[Batches] = None
-        self.settings: Dict = {}
         self.precision: Optional[Precision] = None
         self.plain_model: Optional[torch.nn.Module] = None  # the model's own module, unwrapped
         self.optimizer: Optional[torch.optim.Optimizer] = None
@@ -65,6 +59,7 @@ class Trainer:
         self.timer: Optional[StepTimer] = None
         self.loss_watch: Optional[LossWatch] = None
         self.profiler: Optional[StepProfiler] = None
+        self.checkpointer: Optional[Checkpointer] = None
         self.position: Optional[Position] = None
 
     # --- the program -------------------------------------------------------------------------------
@@ -129,7 +124,6 @@ class Trainer:
               f"{backend.local_rank}/{backend.local_world_size} host {backend.host()} device {backend.device} "
               f"threads {self.threads}", flush=True)
         self.batches = Batches(config, self.inputs.train_set, self.inputs.val_set, backend, backend.device)
-        self.settings = run_settings(config, self.inputs.info.image_size, self.batches.global_batch)
         self.precision = Precision(config.amp, backend.device)
         model = self.inputs.model.to(backend.device, memory_format=torch.channels_last if config.channels_last
                               else torch.preserve_format)
@@ -149,10 +143,13 @@ class Trainer:
         self.loss_watch = LossWatch(backend.device)
         self.profiler = StepProfiler(backend.trace(os.path.join(config.run_dir, PROFILE_DIR)) if config.profile
                                      else None, config.profile)
-        loaded = self.checkpointer.find(config.resume, self.settings)
+        self.checkpointer = Checkpointer(
+            config, backend, self.say, run_settings(config, self.inputs.info.image_size, self.batches.global_batch),
+            model=self.plain_model, optimizer=self.optimizer, precision=self.precision, step=self.step)
+        loaded = self.checkpointer.find(config.resume)
         if loaded is None:
             torch.manual_seed(config.seed + backend.rank)  # per-rank stream for dropout, the same on both backends
-            self.position = Position(0, 0, 0, self.new_meter())
+            self.position = Position.start(backend.device)
         else:
             self.load_state_dict(loaded)
 
@@ -184,14 +181,12 @@ class Trainer:
             loss, samples = self.step(group, pos.meter, pos.step)
             data_s, step_s, comm_s = timer.stepped(self.step.take_comm_seconds())
             self.loss_watch.observe(loss, pos.step + 1)
-            pos.step += 1
-            pos.batch += accumulate
+            pos.advance(accumulate)
             backend.note_step(pos.step)
             self.profiler.after_step()
             bar.update(1)
             last = pos.step >= self.batches.total_steps
-            checkpoint_due = (config.checkpoint_every and pos.step % config.checkpoint_every == 0
-                              and not self.batches.finished(pos.batch) and not last)
+            checkpoint_due = self.checkpointer.due(pos.step, at_end=last or self.batches.finished(pos.batch))
             if pos.step % config.log_every == 0 or checkpoint_due or last:
                 self.loss_watch.check()
                 loss_value = loss.item()
@@ -218,9 +213,8 @@ class Trainer:
         config, backend, pos = self.config, self.backend, self.position
         record = {"epoch": pos.epoch, "step": pos.step, **self.timer.end_epoch(self.batches.global_batch)}
         sums = pos.meter.values() if self.step.global_meter else backend.all_reduce_sum(pos.meter.values())
-        means = SumMeter.means(TRAIN_METRICS, sums)
-        train = {"loss": means["loss"], "top1": means["correct"]}
-        record.update(train_loss=means["loss"], train_top1=means["correct"], samples=means["count"],
+        train = epoch_means(sums)
+        record.update(train_loss=train["loss"], train_top1=train["top1"], samples=train["samples"],
                       lr=self.lr_at(max(pos.step - 1, 0)))
         evaluation = None
         if (pos.epoch + 1) % config.eval_every == 0 or pos.epoch == config.epochs - 1 \
@@ -234,7 +228,7 @@ class Trainer:
             print(epoch_line(record, self.batches.total_steps), flush=True)
         self.save_checkpoint()
         if self.batches.finished(pos.batch):
-            self.position = Position(pos.epoch + 1, 0, pos.step, self.new_meter(), pos.resumed_from)
+            self.position = pos.next_epoch()
         more = self.position.epoch < config.epochs and pos.step < self.batches.total_steps
         signum = self.stop.agreed(pos.step, now=True) if more else None  # a signal during evaluation
         if signum:
@@ -251,7 +245,7 @@ class Trainer:
         backend, pos = self.backend, self.position
         backend.broadcast_buffers(self.plain_model)
         self.loss_watch.check()
-        self.check_weights(MODEL_FILE)
+        check_weights(backend, self.plain_model, pos.step, MODEL_FILE)
         state = self.plain_model.state_dict()
         epochs_done = pos.epoch + (1 if pos.batch else 0)  # an epoch cut short by --max-steps counts
         summary = summary_record(RunOutcome(
@@ -275,21 +269,10 @@ class Trainer:
         return lr_at(self.config, step, self.batches.steps_per_epoch, self.batches.total_steps,
                      self.backend.world_size)
 
-    def check_weights(self, what: str) -> None:
-        """NonFinite on every rank when any rank's weights or buffers hold a NaN or an infinity (a collective)."""
-        bad = self.backend.all_gather_object(nonfinite_tensors(self.plain_model))
-        message = weights_message(bad, self.position.step, what)
-        if message:
-            raise NonFinite(message)
-
     def evaluate(self) -> Dict[str, float]:
         """Exact validation of the current weights (a collective)."""
         return evaluate(self.plain_model, self.batches.val_loader, self.backend, self.precision,
                         self.batches.on_device)
-
-    def new_meter(self) -> SumMeter:
-        """Empty partial sums of an epoch's training metrics."""
-        return SumMeter(TRAIN_METRICS, self.backend.device)
 
     def save_checkpoint(self) -> None:
         """A checkpoint of where training stands (a collective); its write is left out of the timing."""
@@ -304,45 +287,15 @@ class Trainer:
     def state_dict(self) -> Dict:
         """Where training stands, as a checkpoint holds it (a collective: every rank's RNG state and
         partial sums). Built on rank 0 only, unless every rank keeps checkpoints (Horovod elastic)."""
-        backend, pos = self.backend, self.position
         self.loss_watch.check()
-        gathered = backend.all_gather_object((torch.get_rng_state(), pos.meter.values(),
-                                              nonfinite_tensors(self.plain_model)))
-        rng, meters, bad = zip(*gathered)
-        message = weights_message(list(bad), pos.step, "checkpoint")
-        if message:
-            raise NonFinite(message)
-        if not (backend.is_main or self.checkpointer.every_rank_keeps):
-            return {"step": pos.step}
-        epoch, batch = pos.epoch, pos.batch
-        if self.batches.finished(batch):  # a finished epoch continues at the start of the next one
-            epoch, batch, meters = epoch + 1, 0, [self.new_meter().values()] * len(meters)
-        return {
-            "format": ckpt_io.FORMAT,
-            "model": {k: v.detach().cpu() for k, v in self.plain_model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
-            "epoch": epoch, "batch": batch, "step": pos.step,
-            "world_size": backend.world_size, "backend": backend.name,
-            "settings": self.settings, "rng": list(rng), "meter": list(meters),
-            "scaler": self.precision.state_dict(), "step_state": self.step.state_dict(),
-        }
+        return self.checkpointer.state(self.position, finished=self.batches.finished(self.position.batch))
 
     def load_state_dict(self, state: Dict, origin: Optional[str] = None) -> None:
         """Continue from a checkpoint's state: weights, optimizer, loss scale, RNG and position. At another
         world size (only from an epoch boundary: an epoch's sample order depends on the world size) the
         loaders are rebuilt and the rest of the run is counted at the new world's steps per epoch."""
-        config, backend = self.config, self.backend
-        origin = origin or state["path"]
-        self.batches = self.batches.placed_for(backend)  # an elastic job may have changed its members
-        self.plain_model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.precision.load_state_dict(state.get("scaler"))
-        self.step.load_state_dict(state.get("step_state"))
-        position = Position(int(state["epoch"]), int(state["batch"]), int(state["step"]), self.new_meter(),
-                            resumed_from=origin)
-        carry_over(state, position, origin, config, backend, self.batches, self.settings, self.say)
-        self.say(f"resuming from {origin}: epoch {position.epoch + 1}, batch {position.batch}, step {position.step}")
-        self.position = position
+        self.batches = self.batches.placed_for(self.backend)  # an elastic job may have changed its members
+        self.position = self.checkpointer.restore(state, origin or state["path"], self.batches)
 
     # --- the run directory -------------------------------------------------------------------------
     def open_run_dir(self) -> None:
@@ -372,7 +325,7 @@ class Trainer:
 
     def note(self, message: str) -> None:
         """A note event for metrics.jsonl, written when the run directory is (re)opened."""
-        self.position.notes.append(message)
+        self.position.note(message)
 
     def say(self, message: str) -> None:
         """A line on rank 0's output."""
