@@ -1,7 +1,9 @@
-"""The tqdm progress bar of an epoch, shown on rank 0 only, and rank 0's line at the end of an epoch."""
+"""The tqdm progress bar of an epoch, shown on rank 0 only, and rank 0's lines at the end of an epoch and of
+the run."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Dict
 
@@ -25,3 +27,10 @@ def epoch_line(r: Dict, total_steps: int) -> str:
     if r.get("samples_per_s"):
         line += f" {r['samples_per_s']:.0f} samples/s"
     return line
+
+
+def done_line(summary: Dict, run_dir: str) -> str:
+    """Rank 0's last line, from the run's summary.json: steps, validation accuracy, throughput, where the run
+    directory is."""
+    return (f"done: {summary['steps']} steps, val_top1 {summary['val_top1']:.4f}, "
+            f"{summary['samples_per_s'] or 0:.0f} samples/s, run dir {os.path.abspath(run_dir)}")

@@ -23,13 +23,13 @@ from common.rundir.writer import RunDir
 from .backend import Backend, Tuning
 from .batches import Batches
 from .evaluation import evaluate
-from .fingerprint import parameter_names, weight_norms
+from .fingerprint import weight_norms
 from .finite import LossWatch, NonFinite, check_weights
 from .optim import lr_at, make_optimizer, set_lr
 from .position import Position, epoch_means
 from .precision import Precision, set_numerics
 from .profiling import PROFILE_DIR, StepProfiler
-from .progress import epoch_bar, epoch_line
+from .progress import done_line, epoch_bar, epoch_line
 from .stepping import AllreduceStep, Step
 from .steptimer import StepTimer
 
@@ -37,10 +37,11 @@ from .steptimer import StepTimer
 class Trainer:
     """One run: data, model and optimizer on a backend, the epoch loop, checkpoints, the run directory.
 
-    Its parts: `batches` (loaders and step counts), `step` (one optimizer step), `checkpointer`
-    (resume and write checkpoints), `stop` (signals, agreement, watchdog), `timer` (time split and
-    throughput), `run_dir` (the files of the run). `state_dict()` / `load_state_dict()` are where
-    training stands, as a checkpoint holds it.
+    Its parts: `inputs` (data and model, opened before any collective), `batches` (loaders, step counts,
+    batches on the device), `step` (one optimizer step), `position` (where training stands), `checkpointer`
+    (when a checkpoint is due, what it holds, resume), `stop` (signals, agreement, watchdog, how a rank
+    leaves), `timer` (time split and throughput), `run_dir` (the files of the run). `state_dict()` /
+    `load_state_dict()` are where training stands, as a checkpoint holds it.
     """
 
     def __init__(self, config: Config, backend: Backend, prog: str) -> None:
@@ -126,7 +127,7 @@ class Trainer:
         self.batches = Batches(config, self.inputs.train_set, self.inputs.val_set, backend, backend.device)
         self.precision = Precision(config.amp, backend.device)
         model = self.inputs.model.to(backend.device, memory_format=torch.channels_last if config.channels_last
-                              else torch.preserve_format)
+                                     else torch.preserve_format)
         optimizer = make_optimizer(config, model.parameters())
         if config.exact:  # the step sums gradients itself; rank 0's weights everywhere to start
             backend.broadcast_module(model)
@@ -247,19 +248,13 @@ class Trainer:
         self.loss_watch.check()
         check_weights(backend, self.plain_model, pos.step, MODEL_FILE)
         state = self.plain_model.state_dict()
-        epochs_done = pos.epoch + (1 if pos.batch else 0)  # an epoch cut short by --max-steps counts
-        summary = summary_record(RunOutcome(
-            self.config, backend, steps=pos.step, epochs=epochs_done, resumed_from=pos.resumed_from,
-            global_batch=self.batches.global_batch, samples_per_s=self.timer.samples_per_s(),
-            train_s=self.timer.train_seconds, time_split=self.timer.time_split(), train=train, evaluation=evaluation,
-            state=state, reduced_bytes_per_step=self.step.bytes_per_step()))
+        summary = summary_record(RunOutcome(self.config, backend, pos, self.batches, self.timer, self.step, train,
+                                            evaluation, state))
         self.run_dir.log("summary", **summary)
         self.run_dir.save_model(state)
         self.run_dir.write_json(SUMMARY_FILE, summary)
         if backend.is_main:
-            print(f"done: {pos.step} steps, val_top1 {summary['val_top1']:.4f}, "
-                  f"{summary['samples_per_s'] or 0:.0f} samples/s, run dir {os.path.abspath(self.config.run_dir)}",
-                  flush=True)
+            print(done_line(summary, self.config.run_dir), flush=True)
         backend.barrier()
         return 0
 
@@ -307,12 +302,8 @@ class Trainer:
         self.run_dir = RunDir(self.config.run_dir, self.backend.is_main, tensorboard=self.config.tensorboard)
         self.run_dir.open(keep_until_step=pos.step if pos.resumed_from else None)
         self.run_dir.write_json(CONFIG_FILE, config_record(RunSetup(
-            self.config, self.backend, rank_hosts, threads=self.threads, info=self.inputs.info,
-            model_factory=self.inputs.model_choice.record(), train_samples=len(self.inputs.train_set),
-            val_samples=len(self.inputs.val_set), batches=self.batches, precision=self.precision.describe(),
-            profile=self.profiler.describe(), resumed_from=pos.resumed_from,
-            buffers=[name for name, _ in self.plain_model.named_buffers()],
-            parameters=parameter_names(self.plain_model))))
+            self.config, self.backend, rank_hosts, self.threads, self.inputs, self.batches, self.plain_model,
+            self.precision, self.profiler, pos.resumed_from)))
         for note in pos.notes:
             self.run_dir.log("note", step=pos.step, message=note)
         # The weights training starts from (after the broadcast or a resume): the step events' wnorm continue it.

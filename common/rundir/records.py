@@ -15,10 +15,16 @@ import psutil
 import torch
 
 from common.config import Config
-from common.inputs.data import DataInfo
+from common.inputs.opening import Inputs
 from common.launch.placement import launcher_name
 from common.loop.backend import Backend
 from common.loop.batches import Batches
+from common.loop.fingerprint import parameter_names
+from common.loop.position import Position
+from common.loop.precision import Precision
+from common.loop.profiling import StepProfiler
+from common.loop.stepping import Step
+from common.loop.steptimer import StepTimer
 from .writer import weights_sha256
 
 #: installed distributions whose versions can change the numbers (read from their metadata, not imported)
@@ -61,51 +67,45 @@ def command_line() -> str:
 
 @dataclass(frozen=True)
 class RunSetup:
-    """What config.json records of a run as it starts. `model_factory` (and the dataset's `info.factory`)
-    names where a model or dataset given by import path came from (None for the built-ins); `buffers` names
-    the model's buffers (state that is not a parameter, such as BatchNorm's running statistics); `parameters`
-    names its parameters in the order of the step events' `wnorm` (common.loop.fingerprint)."""
+    """What config.json records of a run as it starts, from the parts of the run: what it trains on (`inputs`),
+    its `batches`, and `model`, the model's own module (unwrapped), whose buffers and parameters it names."""
 
     config: Config
     backend: Backend
     rank_hosts: List[str]
     threads: int
-    info: DataInfo
-    model_factory: Optional[Dict]
-    train_samples: int
-    val_samples: int
+    inputs: Inputs
     batches: Batches
-    precision: Dict
-    profile: Dict
+    model: torch.nn.Module
+    precision: Precision
+    profiler: StepProfiler
     resumed_from: Optional[str]
-    buffers: List[str]
-    parameters: List[str]
 
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """What summary.json records of a run as it ends: `state` is its final weights, `reduced_bytes_per_step`
-    what each rank handed the collectives per step."""
+    """What summary.json records of a run as it ends, from the parts of the run: where training ended
+    (`position`), the `timer`'s throughput and time split, what the `step` handed the collectives, the final
+    training and validation metrics, and `state`, the final weights."""
 
     config: Config
     backend: Backend
-    steps: int
-    epochs: int
-    resumed_from: Optional[str]
-    global_batch: int
-    samples_per_s: Optional[float]
-    train_s: float
-    time_split: Dict
+    position: Position
+    batches: Batches
+    timer: StepTimer
+    step: Step
     train: Dict
     evaluation: Dict
     state: Dict[str, torch.Tensor]
-    reduced_bytes_per_step: int
 
 
 def config_record(run: RunSetup) -> Dict:
-    """config.json: the resolved settings and everything about where and how the run ran."""
-    config, backend, batches, info = run.config, run.backend, run.batches, run.info
-    factories = {"model": run.model_factory, "dataset": info.factory}
+    """config.json: the resolved settings and everything about where and how the run ran. `factories` names
+    where a model or dataset given by import path came from (None for the built-ins); `buffers` names the
+    model's buffers (state that is not a parameter, such as BatchNorm's running statistics); `parameters` names
+    its parameters in the order of the step events' `wnorm` (common.loop.fingerprint)."""
+    config, backend, batches, info = run.config, run.backend, run.batches, run.inputs.info
+    factories = {"model": run.inputs.model_choice.record(), "dataset": info.factory}
     return {
         "config": config.to_dict(),
         "backend": backend.describe(),
@@ -116,19 +116,19 @@ def config_record(run: RunSetup) -> Dict:
         "command": command_line(),
         "threads": run.threads,
         "device": str(backend.device),
-        "dataset": {"train_samples": run.train_samples, "val_samples": run.val_samples, "channels": info.channels,
-                    "image_size": info.image_size, "num_classes": info.num_classes},
+        "dataset": {"train_samples": len(run.inputs.train_set), "val_samples": len(run.inputs.val_set),
+                    "channels": info.channels, "image_size": info.image_size, "num_classes": info.num_classes},
         "factories": factories,
-        "buffers": run.buffers,
-        "parameters": run.parameters,
+        "buffers": [name for name, _ in run.model.named_buffers()],
+        "parameters": parameter_names(run.model),
         "steps_per_epoch": batches.steps_per_epoch,
         "total_steps": batches.total_steps,
         "global_batch": batches.global_batch,
         "per_rank_batch": batches.per_rank_batch,
         "reduction": config.reduction,
         "micro_batches_per_step": batches.micro_batches if batches.exact else config.accumulate,
-        "precision": run.precision,
-        "profile": run.profile,
+        "precision": run.precision.describe(),
+        "profile": run.profiler.describe(),
         "resumed_from": run.resumed_from,
         "versions": versions(),
     }
@@ -136,26 +136,26 @@ def config_record(run: RunSetup) -> Dict:
 
 def summary_record(run: RunOutcome) -> Dict:
     """summary.json: the run's final numbers and the checksum of its final weights."""
-    config, backend, train, evaluation = run.config, run.backend, run.train, run.evaluation
+    config, backend, train, evaluation, position = run.config, run.backend, run.train, run.evaluation, run.position
     return {
         "backend": backend.name,
         "backend_options": backend.describe(),
         "world_size": backend.world_size,
         "model": config.model,
         "dataset": config.dataset,
-        "epochs": run.epochs,
-        "steps": run.steps,
-        "resumed_from": run.resumed_from,
-        "global_batch": run.global_batch,
-        "samples_per_s": run.samples_per_s,
-        "train_s": run.train_s,
+        "epochs": position.epoch + (1 if position.batch else 0),  # an epoch cut short by --max-steps counts
+        "steps": position.step,
+        "resumed_from": position.resumed_from,
+        "global_batch": run.batches.global_batch,
+        "samples_per_s": run.timer.samples_per_s(),
+        "train_s": run.timer.train_seconds,
         "wall_s": time.time() - psutil.Process().create_time(),  # whole process, imports included
         "train_loss": train.get("loss"),
         "train_top1": train.get("top1"),
         "val_loss": evaluation.get("loss"),
         "val_top1": evaluation.get("top1"),
         "val_top5": evaluation.get("top5"),
-        "time_split": run.time_split,
-        "reduced_bytes_per_step": run.reduced_bytes_per_step,
+        "time_split": run.timer.time_split(),
+        "reduced_bytes_per_step": run.step.bytes_per_step(),
         "weights_sha256": weights_sha256(run.state),
     }
