@@ -45,11 +45,12 @@ from common.config import build_parser as training_parser
 from common.errors import print_error
 from common.rundir.names import CONFIG_FILE, LAUNCH_LOG, SUMMARY_FILE
 
-from .jobs import add_np, add_places, add_timeout, JobFailed, children_cpu_s, run_cli, run_job, run_jobs_together, worker_command
+from .jobs import (add_np, add_places, add_timeout, JobFailed, children_cpu_s, launcher_by_label, run_cli, run_job,
+                   run_jobs_together, worker_command)
 from .machine import Record, cores, figure_title, load_note, write_json
 
 #: label -> the launcher its runs are started with (common.launch)
-BACKENDS = {"ddp": "torchrun", "horovod-gloo": "horovodrun-gloo", "horovod-mpi": "horovodrun-mpi"}
+BACKENDS = launcher_by_label()
 
 
 class BareLoop(NamedTuple):

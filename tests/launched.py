@@ -21,9 +21,6 @@ REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 BIN = Path(PY).parent
 
-#: the launchers the tests start single-host training with (as registered by the backends)
-LAUNCHERS = ("none-ddp", "none-hvd", "torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
-
 
 def command(launcher: str, np: int, args: List[str]) -> List[str]:
     """The command line a user would type for this launcher."""

@@ -3,6 +3,8 @@ session's `runs` fixture)."""
 
 from __future__ import annotations
 
+from common import launch
+
 # Two epochs at world size 2 and batch 32 are 46 steps; 30 crosses an epoch boundary.
 COMMON = ["--dataset", "digits", "--batch-size", "32", "--epochs", "2", "--max-steps", "30", "--threads", "1"]
 # TensorBoard files and the progress bar change nothing in the numbers; the logging tests read them.
@@ -14,8 +16,9 @@ CONVNET_ADAM = COMMON + ["--model", "convnet", "--optimizer", "adam", "--lr", st
 #: the runs of the comparison across the two hosts of the simulated cluster (conftest.across_hosts)
 ACROSS_HOSTS = ["--model", "mlp", "--threads", "1", "--max-steps", "10"]
 
-SINGLE = ("none-ddp", "none-hvd")
-TWO_RANK = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
+#: the registered launchers that run training on this host without Slurm: alone (one process) or through a launcher
+SINGLE = tuple(l.name for l in launch.launchers() if l.single_process and not l.slurm)
+TWO_RANK = tuple(l.name for l in launch.launchers() if not l.single_process and not l.slurm)
 LAUNCHERS = SINGLE + TWO_RANK
 #: launcher options of the shared runs: a user's own Open MPI choice, which hvd_train must keep
 LAUNCHER_ARGS = {"mpirun": ("--mca", "mpi_yield_when_idle", "0")}

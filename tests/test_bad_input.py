@@ -11,6 +11,7 @@ from typing import Dict, Tuple
 import pytest
 
 from launched import PY, Result, assert_every_rank_exited, command, launch, run_cmd
+from settings import TWO_RANK
 from common.rundir.names import SUMMARY_FILE
 
 BAD_INPUTS = {
@@ -52,7 +53,6 @@ def test_unknown_horovod_wait_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "run" / SUMMARY_FILE).exists()
 
 
-TWO_RANK_LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
 TWO_RANK_BAD = ("unknown-model", "missing-data-dir")
 
 
@@ -75,7 +75,7 @@ def _refused_at_two_ranks(launcher: str, bad: str, run_dir) -> Result:
 def refused_at_two_ranks(tmp_path_factory) -> Dict[Tuple[str, str], Tuple[Result, Path]]:
     """Each bad input under each launcher at two ranks, all at once: the launchers mostly wait for their
     ranks to end, and each job is timed on its own. (launcher, bad) -> (result, its run directory)"""
-    cases = [(launcher, bad) for launcher in TWO_RANK_LAUNCHERS for bad in TWO_RANK_BAD]
+    cases = [(launcher, bad) for launcher in TWO_RANK for bad in TWO_RANK_BAD]
     run_dirs = [tmp_path_factory.mktemp(f"{launcher}-{bad}") / "run" for launcher, bad in cases]
     with ThreadPoolExecutor(len(cases)) as pool:
         results = pool.map(lambda case, run_dir: _refused_at_two_ranks(*case, run_dir), cases, run_dirs)
@@ -83,7 +83,7 @@ def refused_at_two_ranks(tmp_path_factory) -> Dict[Tuple[str, str], Tuple[Result
 
 
 @pytest.mark.parametrize("bad", TWO_RANK_BAD)
-@pytest.mark.parametrize("launcher", TWO_RANK_LAUNCHERS)
+@pytest.mark.parametrize("launcher", TWO_RANK)
 def test_bad_input_with_two_ranks_every_rank_prints_its_line_and_exits_2(refused_at_two_ranks, launcher, bad):
     _, expected = BAD_INPUTS[bad]
     result, run_dir = refused_at_two_ranks[launcher, bad]

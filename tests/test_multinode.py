@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 
 from launched import PY, REPO, command_on_hosts, max_abs_diff, read_run, step_losses
-from settings import ACROSS_HOSTS
+from settings import ACROSS_HOSTS, TWO_RANK
 from common.rundir.names import SUMMARY_FILE
 
 pytestmark = pytest.mark.multinode
 
 HOSTS = "node0:2,node1:2"
-LAUNCHERS = ("torchrun", "horovodrun-gloo", "horovodrun-mpi", "mpirun")
 #: the comparison across hosts (conftest.across_hosts) launched these, with the commands of the launch layer
 COMPARED = {"torchrun": "ddp@4#1", "horovodrun-gloo": "horovod-gloo@4#1", "horovodrun-mpi": "horovod-mpi@4#1"}
 
@@ -44,7 +43,7 @@ def runs(cluster, across_hosts, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", TWO_RANK)
 def test_launcher_trains_across_two_hosts(runs, launcher):
     run, output, _ = runs(launcher)
     config, summary = run["config"], run["summary"]
@@ -60,7 +59,7 @@ def test_launcher_trains_across_two_hosts(runs, launcher):
         assert output.count(f"host {host} ") == 2, output[-3000:]
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS[1:])
+@pytest.mark.parametrize("launcher", TWO_RANK[1:])
 def test_horovod_across_hosts_matches_ddp_within_1e_6(runs, launcher):
     ddp, _, _ = runs("torchrun")
     hvd, _, _ = runs(launcher)
