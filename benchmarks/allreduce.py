@@ -31,6 +31,7 @@ import torch
 
 from common.compare import arguments, tables
 from common.errors import print_error
+from common.launch.hosts import DEFAULT_PORT
 
 from .allreduce_worker import MPI_ALGORITHM_VARIABLE
 from .jobs import Workers, add_np, add_out, add_timeout, run_cli
@@ -150,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", "-H", default=None, metavar="HOST:SLOTS,...",
                    help="run across these hosts (node0:1,node1:1), each world size placed on them in order; needs "
                         "passwordless ssh and the same paths on every host (check with python -m common.doctor)")
-    p.add_argument("--port", type=int, default=29500,
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help="with --hosts: torchrun's rendezvous port on the first host for the first job (job i: +i)")
     return p
 

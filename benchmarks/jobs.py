@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from common import launch
 from common.compare.arguments import world_sizes
-from common.launch.hosts import parse_hosts, place, spell
+from common.launch.hosts import DEFAULT_PORT, parse_hosts, place, spell
 from common.launch.remote import commands_for, run_commands, shown
 
 from .machine import REPO
@@ -116,7 +116,7 @@ class Workers:
     runs on every host (torchrun) is started there over ssh, and job i's rendezvous is at `port` + i."""
 
     def __init__(self, benchmark: str, out: Path, timeout_s: float, hosts: Optional[str] = None,
-                 port: int = 29500) -> None:
+                 port: int = DEFAULT_PORT) -> None:
         self.benchmark, self.out, self.timeout_s = benchmark, out, timeout_s
         self.hosts, self.port = hosts, port
         self.failures: List[Dict] = []

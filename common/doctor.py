@@ -26,7 +26,7 @@ from importlib.metadata import entry_points
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import launch
-from .launch.hosts import is_local, local_addresses, parse_hosts, resolve, route_to
+from .launch.hosts import DEFAULT_PORT, is_local, local_addresses, parse_hosts, resolve, route_to
 from .errors import print_error
 from .launch.remote import SSH_CONNECT_TIMEOUT_S, SSH_OPTIONS
 
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "rendezvous port, the network interface and an allreduce between the hosts.")
     parser.add_argument("-H", "--hosts", default="localhost:2",
                         help="hosts and slots as for horovodrun, e.g. node0:4,node1:4")
-    parser.add_argument("--port", type=int, default=29500, help="the rendezvous port (torchrun's --rdzv-endpoint)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="the rendezvous port (torchrun's --rdzv-endpoint)")
     parser.add_argument("--ssh-port", type=int, default=None, help="ssh port of the hosts, as horovodrun --ssh-port")
     parser.add_argument("--ssh-identity-file", default=None, help="ssh key, as horovodrun --ssh-identity-file")
     parser.add_argument("--no-allreduce", action="store_true",

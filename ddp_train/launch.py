@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import List
 
+from common.launch.hosts import DEFAULT_PORT
 from common.launch.registry import Launcher, Shape, script, srun_shape
 
 
@@ -23,7 +24,7 @@ def _torchrun(shape: Shape, python: str, program: List[str]) -> List[str]:
     if len(per_host) != 1 or sum(slots for _, slots in hosts) != shape.np:
         raise ValueError(f"torchrun starts the same number of processes on every host; -H {shape.hosts} "
                          f"does not give {shape.np} that way")
-    port = shape.port or 29500
+    port = shape.port or DEFAULT_PORT
     return [script("torchrun", python), "--nnodes", str(len(hosts)), "--nproc-per-node", str(per_host.pop()),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts[0][0]}:{port}", "--rdzv-id", f"job-{port}",
             *program]
@@ -33,7 +34,7 @@ def _srun(shape: Shape, python: str, program: List[str]) -> List[str]:
     # One task per process; ddp_train reads Slurm's variables and meets the others at MASTER_ADDR:MASTER_PORT,
     # the first node of the placement (exported by the user in an sbatch script; set here when it is known).
     hosts = shape.host_slots()
-    store = ["env", f"MASTER_ADDR={hosts[0][0]}", f"MASTER_PORT={shape.port or 29500}"] if hosts else []
+    store = ["env", f"MASTER_ADDR={hosts[0][0]}", f"MASTER_PORT={shape.port or DEFAULT_PORT}"] if hosts else []
     return [*store, "srun", *srun_shape(shape), python, *program]
 
 

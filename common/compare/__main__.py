@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from common.launch.hosts import DEFAULT_PORT
 from common.rundir.reader import check_comparable, number_repeats, read_run
 from . import arguments, benchmarks, report, scripts
 from . import floor
@@ -53,7 +54,7 @@ def build_compare_parser() -> argparse.ArgumentParser:
                    help="run across these hosts, as horovodrun -H spells them (node0:4,node1:4); each world size is "
                         "placed on them in order. Needs passwordless ssh and the same paths on every host; the "
                         "launch doctor checks both before any run")
-    p.add_argument("--port", type=int, default=29500,
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help="with --hosts or --slurm: the rendezvous port of the first run on the first host (run i "
                         "uses port + i)")
     p.add_argument("--slurm", action="store_true",

@@ -7,6 +7,9 @@ import ipaddress
 import socket
 from typing import Dict, List, Tuple
 
+#: the rendezvous port across hosts when none is given: torchrun's own default (--master-port, --rdzv-endpoint)
+DEFAULT_PORT = 29500
+
 
 def parse_hosts(spec: str) -> List[Tuple[str, int]]:
     """horovodrun's -H syntax, 'node0:4,node1:4' -> [('node0', 4), ('node1', 4)] (slots default 1)."""
