@@ -135,7 +135,21 @@ def test_fixed_point_sums_do_not_depend_on_their_grouping():
     by_three = sum((sum(integers[i:i + 4]) for i in range(0, 12, 4)), torch.zeros(100, dtype=torch.int64))
     in_order = sum(integers, torch.zeros(100, dtype=torch.int64))
     assert torch.equal(by_three, in_order)
+    # Added tensor by tensor in place (what a step does), the integers are the same.
+    added = torch.zeros(100, dtype=torch.int64)
+    for g in grads:
+        fixed.add_integers([g[:60].view(6, 10), g[60:].view(4, 10)], added)
+    assert torch.equal(added, in_order)
+    # The largest magnitudes are the float32 values exactly, and a NaN is not lost in them.
+    assert tensor_maxima([grads[0][:60]])[0] == grads[0][:60].abs().max().double()
+    assert tensor_maxima([torch.tensor([1.0, float("nan")])]).isnan().all()
     mean = fixed.to_floats(in_order, 12)
+    into = [torch.empty(6, 10), torch.empty(4, 10)]  # written tensor by tensor in place, the same bits
+    fixed.mean_into(in_order, 12, into)
+    assert torch.equal(torch.cat([t.reshape(-1) for t in into]), mean)
+    near_limit = torch.full((100,), 2 ** 62 - 1, dtype=torch.int64)  # int64 sums float64 must round
+    fixed.mean_into(near_limit, 12, into)
+    assert torch.equal(torch.cat([t.reshape(-1) for t in into]), fixed.to_floats(near_limit, 12))
     # The rounding is a fixed step per tensor: tiny against the tensor's largest value, whatever an element's size.
     error = (mean.double() - torch.stack(grads).double().mean(dim=0)).abs()
     assert error[:60].max() < 1e-8 * maxima[0] and error[60:].max() < 1e-8 * maxima[1]

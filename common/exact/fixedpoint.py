@@ -35,6 +35,8 @@ class FixedPoint:
         self.sum_bits = max(math.ceil(math.log2(micro_batches)), 0)  # bits the sum of all micro-batches adds
         self.exponents: Optional[List[int]] = None  # per tensor: its largest element is below 2**exponent
         self._scale_vector: Optional[torch.Tensor] = None
+        self._wide: Optional[torch.Tensor] = None  # add_integers' work buffers
+        self._narrow: Optional[torch.Tensor] = None
 
     # --- the scales ---------------------------------------------------------------------------------
     def fits(self, maxima: torch.Tensor) -> bool:
@@ -48,12 +50,15 @@ class FixedPoint:
         self.exponents = [_exponent(m) for m in maxima.tolist()]
         self._scale_vector = None
 
+    def _ks(self) -> List[int]:
+        """Per tensor, the k of its scale 2**k."""
+        return [MAGNITUDE_BITS - self.sum_bits - HEADROOM_BITS - e for e in self.exponents]
+
     def _scales(self, device: torch.device) -> torch.Tensor:
         """2**k per element, float64: a tensor's largest element, grown by up to HEADROOM_BITS, maps below
         2**(62 - sum_bits), so the sum over all micro-batches stays below 2**62."""
         if self._scale_vector is None or self._scale_vector.device != device:
-            ks = [MAGNITUDE_BITS - self.sum_bits - HEADROOM_BITS - e for e in self.exponents]
-            per_tensor = torch.tensor([2.0 ** k for k in ks], dtype=torch.float64, device=device)
+            per_tensor = torch.tensor([2.0 ** k for k in self._ks()], dtype=torch.float64, device=device)
             self._scale_vector = torch.repeat_interleave(per_tensor, torch.tensor(self.sizes, device=device))
         return self._scale_vector
 
@@ -61,6 +66,40 @@ class FixedPoint:
     def to_integers(self, flat: torch.Tensor) -> torch.Tensor:
         """A flat float gradient as int64 multiples of each tensor's 2**-k (exact scaling, then rounding)."""
         return torch.round(flat.to(torch.float64) * self._scales(flat.device)).to(torch.int64)
+
+    def add_integers(self, grads: Sequence[torch.Tensor], total: torch.Tensor) -> None:
+        """Add the integers of one micro-batch's gradients (one tensor per parameter, in order) to the flat int64
+        `total`: the same integers as to_integers of their concatenation, made tensor by tensor in two work
+        buffers kept between calls, so that no gradient-sized tensor is allocated or concatenated per call."""
+        wides, narrows = self._work(total)
+        offset = 0
+        for grad, k, size in zip(grads, self._ks(), self.sizes):
+            wide, narrow = wides[offset:offset + size], narrows[offset:offset + size]
+            wide.copy_(grad.reshape(-1))  # float32 to float64: exact
+            wide.mul_(2.0 ** k).round_()  # a power of two: exact, then the same rounding as to_integers
+            narrow.copy_(wide)
+            total[offset:offset + size].add_(narrow)
+            offset += size
+
+    def mean_into(self, total: torch.Tensor, count: int, grads: Sequence[torch.Tensor]) -> None:
+        """Write the mean over `count` micro-batches of the summed integers into `grads` (float32, one tensor per
+        parameter, in order): the same bits as to_floats, tensor by tensor through the work buffer. Multiplying
+        by 2**-k is dividing by the scale 2**k: both are exact, or round the same real number the same way."""
+        wides, _ = self._work(total)
+        offset = 0
+        for grad, k, size in zip(grads, self._ks(), self.sizes):
+            wide = wides[offset:offset + size]
+            wide.copy_(total[offset:offset + size])
+            wide.mul_(2.0 ** -k).div_(count)
+            grad.view(-1).copy_(wide)
+            offset += size
+
+    def _work(self, total: torch.Tensor):
+        """The float64 and int64 work buffers, the size of the flat gradients (made once)."""
+        if self._wide is None or self._wide.numel() != total.numel() or self._wide.device != total.device:
+            self._wide = torch.empty(total.numel(), dtype=torch.float64, device=total.device)
+            self._narrow = torch.empty(total.numel(), dtype=torch.int64, device=total.device)
+        return self._wide, self._narrow
 
     def to_floats(self, total: torch.Tensor, count: int) -> torch.Tensor:
         """The mean over `count` micro-batches of the summed integers, as float32."""
@@ -82,6 +121,12 @@ def _exponent(value: float) -> int:
 
 
 def tensor_maxima(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The largest magnitude of each tensor, float64 (exactly the float32 values)."""
-    return torch.stack([t.detach().abs().max().to(torch.float64) if t.numel() else
+    """The largest magnitude of each tensor, float64 (exactly the float32 values), from its smallest and largest
+    element: one pass, no copy of the tensor's magnitudes; a NaN stays a NaN."""
+    return torch.stack([_largest_magnitude(t.detach()) if t.numel() else
                         torch.zeros((), dtype=torch.float64, device=t.device) for t in tensors])
+
+
+def _largest_magnitude(t: torch.Tensor) -> torch.Tensor:
+    smallest, largest = torch.aminmax(t)
+    return torch.maximum(largest, -smallest).abs().to(torch.float64)  # abs: a zero tensor gives +0

@@ -90,12 +90,10 @@ class ExactStep:
             self.fixed.rescale(maxima)  # a gradient outgrew its scale (or the first step): again, to scale
         for start in range(0, integers.numel(), self.chunk):
             self._all_reduce(integers[start:start + self.chunk])
-        mean = self.fixed.to_floats(integers, self.count)
-        offset = 0
         for p in self.params:
-            p.grad = torch.empty_like(p)
-            p.grad.copy_(mean[offset:offset + p.numel()].view(p.shape))
-            offset += p.numel()
+            if p.grad is None:
+                p.grad = torch.empty_like(p)
+        self.fixed.mean_into(integers, self.count, [p.grad for p in self.params])
         self.fixed.rescale(maxima)  # the next step's scales, from this step's largest gradients
         if self.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
@@ -120,8 +118,9 @@ class ExactStep:
         for i, (x, y) in enumerate(shards):
             index = self.first + i
             torch.manual_seed(micro_batch_seed(self.seed, step, index))
-            for p in self.params:
-                p.grad = None
+            for p in self.params:  # zeroed, not dropped: backward adds into them instead of allocating them anew
+                if p.grad is not None:
+                    p.grad.zero_()
             with self.stats.capture(stats[index]):  # around backward too: it reads the running statistics
                 with self.precision.autocast():
                     logits = self.model(x)
@@ -132,7 +131,7 @@ class ExactStep:
             local_maxima = torch.maximum(local_maxima, maxima)
             fitted = fitted and self.fixed.fits(maxima)
             if fitted:
-                integers += self.fixed.to_integers(torch.cat([g.reshape(-1) for g in grads]))
+                self.fixed.add_integers(grads, integers)
             exchanged[self._losses][index] = loss.detach().to(torch.float64)
             exchanged[self._correct][index] = (logits.detach().argmax(dim=1) == y).sum().to(torch.float64)
         exchanged[self._maxima].view(self.world, -1)[self.backend.rank] = local_maxima
