@@ -1,8 +1,11 @@
 """What --reduction exact costs against --reduction allreduce, measured.
 
-- speed: samples/s of both modes at each world size for each model, through torchrun, at the same
-  global batch (exact mode's batch does not change with the world size, so neither does this one's),
-  each mode with its own default thread count (exact: 1 per rank), median over repeats;
+- speed: samples/s of both modes at each world size for each model, through torchrun, on the same
+  micro-batches: exact mode sums --micro-batch gradients into --global-batch; allreduce mode takes per-rank
+  batches of --micro-batch and accumulates as many as make the same global batch (`--accumulate`), so both
+  normalise BatchNorm over the same samples and the difference is the exact sum alone; --threads per rank in
+  both (1: the CPU analogue of one GPU per rank), median over repeats; exact mode's step time over allreduce
+  mode's is its cost;
 - bytes moved per step: what each rank hands to its allreduces per step (summary.json), float32
   gradients against int64 fixed-point sums plus the exchanged per-micro-batch values;
 - the fixed-point error: on real gradients of the model at its initial weights, the largest element
@@ -12,7 +15,7 @@
   the largest element-wise weight difference. It is more than the rounding of the sums: exact mode
   normalises BatchNorm over micro-batches and groups the global batch's samples differently.
 
-    python -m benchmarks.exact_cost --out benchmarks/results
+    python -m benchmarks.exact_cost --np 2,3 --image-size resnet18=224 --steps 6 --out benchmarks/results
 
 Writes DIR/exact_cost.json and prints its tables.
 """
@@ -40,10 +43,19 @@ MODELS = {"convnet": 32, "resnet18": 64}
 MODES = ("allreduce", "exact")
 
 
-def _mode_args(mode: str, global_batch: int, micro_batch: int) -> List[str]:
+def _mode_args(mode: str, np: int, global_batch: int, micro_batch: int) -> List[str]:
+    """The same global batch in micro-batches of `micro_batch` samples: exact mode's fixed-point sum of them, or
+    allreduce mode accumulating each rank's share of them."""
     if is_exact({"reduction": mode}):
         return ["--reduction", "exact", "--global-batch", str(global_batch), "--micro-batch", str(micro_batch)]
-    return ["--global-batch", str(global_batch)]
+    return ["--batch-size", str(micro_batch), "--accumulate", str(global_batch // (micro_batch * np))]
+
+
+def step_time_ratios(rows: List[Dict]) -> List[Dict]:
+    """Per model and world size, exact mode's step time over allreduce mode's (their samples/s medians, inverted)."""
+    found = {(r["model"], r["world_size"], r["mode"]): r["samples_per_s"]["median"] for r in rows}
+    return [{"model": model, "world_size": np, "step_time_ratio": found[model, np, "allreduce"] / found[model, np, "exact"]}
+            for model, np, mode in sorted(found) if mode == "exact" and (model, np, "allreduce") in found]
 
 
 def speed(args, work: Path, failures: List[Dict]) -> List[Dict]:
@@ -55,11 +67,13 @@ def speed(args, work: Path, failures: List[Dict]) -> List[Dict]:
                 continue
             for np in args.np:
                 for mode in MODES:
-                    run_dir = work / f"{model}-{mode}-{np}-r{repeat + 1}"
+                    size = args.image_sizes[model]
+                    run_dir = work / f"{model}-{size}-{mode}-{np}-t{args.threads}-r{repeat + 1}"
                     samples = (args.steps + 2) * args.global_batch * 2
                     train = ["--model", model, "--dataset", "synthetic", "--image-size", str(size),
                              "--synthetic-samples", str(samples), "--epochs", "1", "--max-steps", str(args.steps),
-                             *_mode_args(mode, args.global_batch, args.micro_batch), "--run-dir", str(run_dir)]
+                             "--threads", str(args.threads), *_mode_args(mode, np, args.global_batch, args.micro_batch),
+                             "--run-dir", str(run_dir)]
                     cmd = worker_command("torchrun", np, "ddp_train", train)
                     print(f"exact_cost: {model} {mode} x{np} #{repeat + 1} ...", flush=True)
                     try:
@@ -71,12 +85,15 @@ def speed(args, work: Path, failures: List[Dict]) -> List[Dict]:
                         continue
                     cells.setdefault((model, mode, np), []).append(
                         {"samples_per_s": summary["samples_per_s"], "bytes": summary["reduced_bytes_per_step"],
-                         "threads": config["threads"]})
+                         "threads": config["threads"], "per_rank_batch": config["config"]["batch_size"],
+                         "accumulate": config["config"]["accumulate"],
+                         "micro_batch": config["config"]["micro_batch" if is_exact(config["config"]) else "batch_size"]})
     rows = []
     for (model, mode, np), runs in sorted(cells.items()):
         rows.append({"model": model, "mode": mode, "world_size": np,
                      "samples_per_s": stats.spread([r["samples_per_s"] for r in runs]),
-                     "bytes_per_step": runs[0]["bytes"], "threads": runs[0]["threads"]})
+                     "bytes_per_step": runs[0]["bytes"], "threads": runs[0]["threads"],
+                     **{k: runs[0][k] for k in ("per_rank_batch", "accumulate", "micro_batch")}})
     return rows
 
 
@@ -146,7 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_np(p, [1, 2, 3], "world sizes, e.g. 1,2,3")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
     p.add_argument("--global-batch", type=int, default=48, help="samples per step, in both modes")
-    p.add_argument("--micro-batch", type=int, default=8, help="exact mode's micro-batch")
+    p.add_argument("--micro-batch", type=int, default=8,
+                   help="samples per micro-batch in both modes (allreduce mode: the per-rank batch, accumulated)")
+    p.add_argument("--image-size", default="", metavar="MODEL=SIZE,...",
+                   help=f"image sizes (default: {', '.join(f'{m}={s}' for m, s in MODELS.items())})")
+    p.add_argument("--threads", type=int, default=1, help="threads per rank, in both modes")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps per run (the first is not timed)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no-distance", dest="distance", action="store_false",
@@ -162,6 +183,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.models or any(m not in MODELS for m in args.models):
         print_error("exact_cost", f"--models: choose from {', '.join(MODELS)}", ranked=False)
         return 2
+    try:
+        args.image_sizes = {**MODELS, **{k: int(v) for k, v in (pair.split("=", 1) for pair in args.image_size.split(",")
+                                                                 if pair)}}
+    except ValueError:
+        print_error("exact_cost", f"--image-size {args.image_size!r}: give MODEL=SIZE pairs, e.g. resnet18=224",
+                    ranked=False)
+        return 2
     if args.global_batch % args.micro_batch or any((args.global_batch // args.micro_batch) % n for n in args.np):
         print_error("exact_cost", f"--global-batch {args.global_batch} must be a multiple of --micro-batch "
                     f"{args.micro_batch} whose micro-batches every world size in --np shares", ranked=False)
@@ -169,17 +197,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     record = Record("exact_cost", argv)
     failures: List[Dict] = []
     rows = speed(args, args.work, failures)
-    errors = [fixed_point_error(m, MODELS[m], args.global_batch, args.micro_batch) for m in args.models]
+    errors = [fixed_point_error(m, args.image_sizes[m], args.global_batch, args.micro_batch) for m in args.models]
     far = distance(args, args.work, failures) if args.distance else None
     report = {**record.header(), "settings": {"global_batch": args.global_batch, "micro_batch": args.micro_batch,
                                               "steps": args.steps, "repeats": args.repeats, "launcher": "torchrun",
-                                              "image_sizes": {m: MODELS[m] for m in args.models}},
-              "speed": rows, "fixed_point_error": errors, "distance": far, "failures": failures}
+                                              "threads": args.threads,
+                                              "image_sizes": {m: args.image_sizes[m] for m in args.models}},
+              "speed": rows, "cost": step_time_ratios(rows), "fixed_point_error": errors, "distance": far, "failures": failures}
     table = tables.text(["model", "mode", "np", "samples/s", "threads", "bytes/step"],
                         [[r["model"], r["mode"], r["world_size"],
                           tables.measured(r["samples_per_s"]["median"], r["samples_per_s"]["min"],
                                           r["samples_per_s"]["max"]),
                           r["threads"], tables.size(r["bytes_per_step"])] for r in rows])
+    table += "\n" + tables.text(["model", "np", "exact step time / allreduce's"],
+                                [[c["model"], c["world_size"], f"{c['step_time_ratio']:.2f}x"] for c in report["cost"]])
     table += "\n" + tables.text(["model", "micro-batches", "fixed-point error", "float32 sum error"],
                                 [[e["model"], e["micro_batches"], f"{e['fixed_point']:.1e}", f"{e['float32_sum']:.1e}"]
                                  for e in errors])

@@ -123,7 +123,7 @@ else
       --repeats 2 --backends horovod-gloo --baselines none --sweep HVD_TRAIN_WAIT=spin,auto \
       --out "$OUT/horovod-wait" -- --threads 1
   # --reduction exact against allreduce: speed, bytes, fixed-point error, distance after the default run.
-  "$PY" -m benchmarks.exact_cost --np 1,2,3 --out "$OUT"
+  "$PY" -m benchmarks.exact_cost --np 2,3 --image-size resnet18=224 --steps 6 --out "$OUT"
   # The verdicts on a corpus of same-training and real-difference pairs, against floors of 1 to 5 disturbed runs.
   "$PY" -m benchmarks.verdicts --out "$OUT"
   # What the probe of compare-backends --scripts costs a user's DDP script: resnet18 224x224 and convnet 32x32.

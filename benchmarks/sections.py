@@ -231,17 +231,23 @@ def exact_cost_tables(results: Results, name: str) -> str:
         rows = []
         for model, np in sorted({(m, n) for m, n, _ in speed}):
             a, e = speed.get((model, np, "allreduce")), speed.get((model, np, "exact"))
-            ratio = (e["samples_per_s"]["median"] / a["samples_per_s"]["median"]) if a and e else None
+            ratio = (a["samples_per_s"]["median"] / e["samples_per_s"]["median"]) if a and e else None
             rows.append([f"{model} {st['image_sizes'][model]}x{st['image_sizes'][model]}", np,
                          spread_cell(a["samples_per_s"]) if a else tables.MISSING,
                          spread_cell(e["samples_per_s"]) if e else tables.MISSING,
-                         tables.percent(ratio, ".0f"),
+                         f"{ratio:.2f}x" if ratio else tables.MISSING,
                          tables.size(a["bytes_per_step"]) if a else tables.MISSING,
                          tables.size(e["bytes_per_step"]) if e else tables.MISSING])
-        text = (f"{st['launcher']}, global batch {st['global_batch']} in both modes, exact micro-batch "
-                f"{st['micro_batch']}, {st['steps']} steps, median (min–max) over {st['repeats']} repeats; each mode "
-                "with its default threads:\n\n"
-                + tables.markdown(["model", "np", "allreduce samples/s", "exact samples/s", "exact / allreduce",
+        if "threads" in st:  # both modes on the same micro-batches, the same threads
+            how = (f"both modes on micro-batches of {st['micro_batch']} (allreduce mode: per-rank batches of "
+                   f"{st['micro_batch']}, accumulated), {st['threads']} thread(s) per rank")
+        else:
+            how = (f"exact micro-batch {st['micro_batch']}, allreduce mode on whole per-rank batches; each mode "
+                   "with its default threads")
+        text = (f"{st['launcher']}, global batch {st['global_batch']} in both modes, {how}, {st['steps']} steps, "
+                f"median (min–max) over {st['repeats']} repeats:\n\n"
+                + tables.markdown(["model", "np", "allreduce samples/s", "exact samples/s",
+                                   "exact step time / allreduce's",
                                    "allreduce bytes/step", "exact bytes/step"], rows))
         errors = [[e["model"], e["micro_batches"], f"{e['fixed_point']:.1e}", f"{e['float32_sum']:.1e}"]
                   for e in result["fixed_point_error"]]

@@ -409,14 +409,23 @@ def test_stop_latency_stops_every_launcher_with_a_checkpoint(quick):
         assert r["bound_s"] == pytest.approx(15.0 + r["step_s"]) and isinstance(r["within_bound"], bool)
 
 
-def test_exact_cost_compares_both_modes_at_each_world_size(quick):
+def test_exact_cost_compares_both_modes_on_the_same_micro_batches_at_each_world_size(quick):
     out, _ = quick
     data = read(out, "exact_cost.json")
     cells = {(r["model"], r["mode"], r["world_size"]): r for r in data["speed"]}
     assert set(cells) == {("convnet", mode, np) for mode in ("allreduce", "exact") for np in (1, 2)}
     for r in cells.values():
-        assert positive(r["samples_per_s"]["median"]) and positive(r["bytes_per_step"]) and r["threads"] >= 1
-    assert cells["convnet", "exact", 2]["threads"] == 1
+        assert positive(r["samples_per_s"]["median"]) and positive(r["bytes_per_step"])
+        # The same threads and the same micro-batches (BatchNorm over the same samples) in both modes.
+        assert r["threads"] == data["settings"]["threads"] == 1 and r["micro_batch"] == 4
+    for np in (1, 2):  # allreduce mode: per-rank batches of the micro-batch, accumulated up to the global batch
+        a = cells["convnet", "allreduce", np]
+        assert (a["per_rank_batch"], a["accumulate"]) == (4, 8 // (4 * np))
+    # Its cost: exact mode's step time over allreduce mode's, from the medians.
+    for c in data["cost"]:
+        a, e = (cells["convnet", mode, c["world_size"]]["samples_per_s"]["median"] for mode in ("allreduce", "exact"))
+        assert c["step_time_ratio"] == pytest.approx(a / e)
+    assert [c["world_size"] for c in data["cost"]] == [1, 2]
     # int64 sums of every gradient plus the exchanged values: more than twice float32 gradients.
     for np in (1, 2):
         assert cells["convnet", "exact", np]["bytes_per_step"] > 2 * cells["convnet", "allreduce", np]["bytes_per_step"]
