@@ -132,6 +132,11 @@ def test_fixed_point_sums_do_not_depend_on_their_grouping():
     fixed.rescale(maxima)
     assert fixed.fits(maxima)
     integers = [fixed.to_integers(g) for g in grads]
+    # Each element is round(g x 2**k) with its tensor's k, computed in float64: written out here.
+    from common.exact.fixedpoint import HEADROOM_BITS, MAGNITUDE_BITS
+    scale = torch.tensor([2.0 ** (MAGNITUDE_BITS - fixed.sum_bits - HEADROOM_BITS - e) for e in fixed.exponents],
+                         dtype=torch.float64).repeat_interleave(torch.tensor([60, 40]))
+    assert all(torch.equal(i, torch.round(g.double() * scale).to(torch.int64)) for i, g in zip(integers, grads))
     by_three = sum((sum(integers[i:i + 4]) for i in range(0, 12, 4)), torch.zeros(100, dtype=torch.int64))
     in_order = sum(integers, torch.zeros(100, dtype=torch.int64))
     assert torch.equal(by_three, in_order)
@@ -144,12 +149,13 @@ def test_fixed_point_sums_do_not_depend_on_their_grouping():
     assert tensor_maxima([grads[0][:60]])[0] == grads[0][:60].abs().max().double()
     assert tensor_maxima([torch.tensor([1.0, float("nan")])]).isnan().all()
     mean = fixed.to_floats(in_order, 12)
+    assert torch.equal(mean, (in_order.double() / scale / 12).float())
     into = [torch.empty(6, 10), torch.empty(4, 10)]  # written tensor by tensor in place, the same bits
     fixed.mean_into(in_order, 12, into)
     assert torch.equal(torch.cat([t.reshape(-1) for t in into]), mean)
     near_limit = torch.full((100,), 2 ** 62 - 1, dtype=torch.int64)  # int64 sums float64 must round
     fixed.mean_into(near_limit, 12, into)
-    assert torch.equal(torch.cat([t.reshape(-1) for t in into]), fixed.to_floats(near_limit, 12))
+    assert torch.equal(torch.cat([t.reshape(-1) for t in into]), (near_limit.double() / scale / 12).float())
     # The rounding is a fixed step per tensor: tiny against the tensor's largest value, whatever an element's size.
     error = (mean.double() - torch.stack(grads).double().mean(dim=0)).abs()
     assert error[:60].max() < 1e-8 * maxima[0] and error[60:].max() < 1e-8 * maxima[1]

@@ -34,7 +34,6 @@ class FixedPoint:
         self.sizes = list(sizes)
         self.sum_bits = max(math.ceil(math.log2(micro_batches)), 0)  # bits the sum of all micro-batches adds
         self.exponents: Optional[List[int]] = None  # per tensor: its largest element is below 2**exponent
-        self._scale_vector: Optional[torch.Tensor] = None
         self._wide: Optional[torch.Tensor] = None  # add_integers' work buffers
         self._narrow: Optional[torch.Tensor] = None
 
@@ -48,43 +47,37 @@ class FixedPoint:
     def rescale(self, maxima: torch.Tensor) -> None:
         """Scales for gradients whose per-tensor largest magnitudes are `maxima` (the same on every rank)."""
         self.exponents = [_exponent(m) for m in maxima.tolist()]
-        self._scale_vector = None
 
     def _ks(self) -> List[int]:
-        """Per tensor, the k of its scale 2**k."""
-        return [MAGNITUDE_BITS - self.sum_bits - HEADROOM_BITS - e for e in self.exponents]
-
-    def _scales(self, device: torch.device) -> torch.Tensor:
-        """2**k per element, float64: a tensor's largest element, grown by up to HEADROOM_BITS, maps below
+        """Per tensor, the k of its scale 2**k: a tensor's largest element, grown by up to HEADROOM_BITS, maps below
         2**(62 - sum_bits), so the sum over all micro-batches stays below 2**62."""
-        if self._scale_vector is None or self._scale_vector.device != device:
-            per_tensor = torch.tensor([2.0 ** k for k in self._ks()], dtype=torch.float64, device=device)
-            self._scale_vector = torch.repeat_interleave(per_tensor, torch.tensor(self.sizes, device=device))
-        return self._scale_vector
+        return [MAGNITUDE_BITS - self.sum_bits - HEADROOM_BITS - e for e in self.exponents]
 
     # --- the conversions ----------------------------------------------------------------------------
     def to_integers(self, flat: torch.Tensor) -> torch.Tensor:
-        """A flat float gradient as int64 multiples of each tensor's 2**-k (exact scaling, then rounding)."""
-        return torch.round(flat.to(torch.float64) * self._scales(flat.device)).to(torch.int64)
+        """A flat float gradient as int64 multiples of each tensor's 2**-k (see add_integers)."""
+        total = torch.zeros(flat.numel(), dtype=torch.int64, device=flat.device)
+        self.add_integers(list(flat.split(self.sizes)), total)
+        return total
 
     def add_integers(self, grads: Sequence[torch.Tensor], total: torch.Tensor) -> None:
         """Add the integers of one micro-batch's gradients (one tensor per parameter, in order) to the flat int64
-        `total`: the same integers as to_integers of their concatenation, made tensor by tensor in two work
-        buffers kept between calls, so that no gradient-sized tensor is allocated or concatenated per call."""
+        `total`: round(g x 2**k) in float64 per element, made tensor by tensor in two work buffers kept between
+        calls, so that no gradient-sized tensor is allocated or concatenated per call."""
         wides, narrows = self._work(total)
         offset = 0
         for grad, k, size in zip(grads, self._ks(), self.sizes):
             wide, narrow = wides[offset:offset + size], narrows[offset:offset + size]
             wide.copy_(grad.reshape(-1))  # float32 to float64: exact
-            wide.mul_(2.0 ** k).round_()  # a power of two: exact, then the same rounding as to_integers
+            wide.mul_(2.0 ** k).round_()  # a power of two: exact; then round half to even
             narrow.copy_(wide)
             total[offset:offset + size].add_(narrow)
             offset += size
 
     def mean_into(self, total: torch.Tensor, count: int, grads: Sequence[torch.Tensor]) -> None:
         """Write the mean over `count` micro-batches of the summed integers into `grads` (float32, one tensor per
-        parameter, in order): the same bits as to_floats, tensor by tensor through the work buffer. Multiplying
-        by 2**-k is dividing by the scale 2**k: both are exact, or round the same real number the same way."""
+        parameter, in order): float32(float64(sum) / 2**k / count) per element, tensor by tensor through the work
+        buffer. Multiplying by 2**-k is dividing by 2**k: both are exact, or round the same real number alike."""
         wides, _ = self._work(total)
         offset = 0
         for grad, k, size in zip(grads, self._ks(), self.sizes):
@@ -102,8 +95,10 @@ class FixedPoint:
         return self._wide, self._narrow
 
     def to_floats(self, total: torch.Tensor, count: int) -> torch.Tensor:
-        """The mean over `count` micro-batches of the summed integers, as float32."""
-        return (total.to(torch.float64) / self._scales(total.device) / count).to(torch.float32)
+        """The mean over `count` micro-batches of the summed integers, as one flat float32 tensor (see mean_into)."""
+        flat = torch.empty(total.numel(), dtype=torch.float32, device=total.device)
+        self.mean_into(total, count, list(flat.split(self.sizes)))
+        return flat
 
     def state_dict(self) -> dict:
         """The scales, for a checkpoint: a resumed run must round the next step exactly as the first run."""
@@ -112,7 +107,6 @@ class FixedPoint:
     def load_state_dict(self, state: Optional[dict]) -> None:
         """Restore the scales (None: the next step measures them)."""
         self.exponents = list(state["exponents"]) if state and state.get("exponents") is not None else None
-        self._scale_vector = None
 
 
 def _exponent(value: float) -> int:
