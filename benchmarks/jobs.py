@@ -45,17 +45,11 @@ def add_places(parser: argparse.ArgumentParser, work: str) -> None:
     parser.add_argument("--work", type=Path, default=Path(work), help="run directories (not kept in git)")
 
 
-def host_launchers() -> List[str]:
-    """The registered launchers that start several processes on this host, in the registry's order (not the
-    single-process ones, not Slurm's)."""
-    return [l.name for l in launch.launchers() if not l.single_process and not l.slurm]
-
-
 def launcher_by_label() -> Dict[str, str]:
     """A run label (ddp, horovod-gloo, horovod-mpi) -> the first host launcher the registry has for it."""
     found: Dict[str, str] = {}
-    for name in host_launchers():
-        found.setdefault(launch.get(name).label, name)
+    for launcher in launch.host_launchers():
+        found.setdefault(launcher.label, launcher.name)
     return found
 
 

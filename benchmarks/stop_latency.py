@@ -27,10 +27,10 @@ from common.compare import tables
 from common.errors import print_error
 from common.rundir.reader import events_so_far
 
-from .jobs import add_np, add_places, add_timeout, host_launchers, job_env, run_cli
+from .jobs import add_np, add_places, add_timeout, job_env, run_cli
 from .machine import REPO, Record, publish
 
-LAUNCHERS = tuple(host_launchers())
+LAUNCHERS = tuple(l.name for l in launch.host_launchers())
 #: what the job must meet: every rank gone within this much after the signal, plus one step
 BOUND_S = 15.0
 

@@ -17,8 +17,8 @@ CONVNET_ADAM = COMMON + ["--model", "convnet", "--optimizer", "adam", "--lr", st
 ACROSS_HOSTS = ["--model", "mlp", "--threads", "1", "--max-steps", "10"]
 
 #: the registered launchers that run training on this host without Slurm: alone (one process) or through a launcher
-SINGLE = tuple(l.name for l in launch.launchers() if l.single_process and not l.slurm)
-TWO_RANK = tuple(l.name for l in launch.launchers() if not l.single_process and not l.slurm)
+SINGLE = tuple(l.name for l in launch.host_launchers(single_process=True))
+TWO_RANK = tuple(l.name for l in launch.host_launchers())
 LAUNCHERS = SINGLE + TWO_RANK
 #: launcher options of the shared runs: a user's own Open MPI choice, which hvd_train must keep
 LAUNCHER_ARGS = {"mpirun": ("--mca", "mpi_yield_when_idle", "0")}

@@ -3,7 +3,7 @@ through them, and telling, inside a process, which launcher and rank it runs und
 project outside `common.launch` (the backends' launchers are found through entry points), so every other part
 may use it:
 
-- registry: `Launcher`, `get(name)`, `launchers()`, `find(backend, controller)`;
+- registry: `Launcher`, `get(name)`, `launchers()`, `host_launchers()`, `find(backend, controller)`;
 - jobs: `Job` (own process group, captured output, time limit, teardown), `run`, `job_env`;
 - placement: `detect()` -> `Placement` (launcher, rank, world size, local rank and size), `rank_hint`,
   `default_threads`.
@@ -11,7 +11,7 @@ may use it:
 
 from .jobs import Job, JobTimeout, Result, job_env, run, runs_module, still_running
 from .placement import Placement, cores, default_threads, detect, rank_hint
-from .registry import Launcher, find, get, launchers
+from .registry import Launcher, find, get, host_launchers, launchers
 
 __all__ = ["Job", "JobTimeout", "Result", "job_env", "run", "runs_module", "still_running", "Placement", "cores",
-           "default_threads", "detect", "rank_hint", "Launcher", "find", "get", "launchers"]
+           "default_threads", "detect", "rank_hint", "Launcher", "find", "get", "host_launchers", "launchers"]

@@ -112,6 +112,12 @@ def launchers() -> List[Launcher]:
     return list(_registry.values())
 
 
+def host_launchers(single_process: bool = False) -> List[Launcher]:
+    """The launchers that start training on this host's processes without Slurm: those that start several
+    processes (torchrun, horovodrun, mpirun), or with `single_process` those that run one alone."""
+    return [l for l in launchers() if l.single_process == single_process and not l.slurm]
+
+
 def get(name: str) -> Launcher:
     """The launcher called `name`; ValueError listing the known ones otherwise."""
     _load()
