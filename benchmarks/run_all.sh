@@ -66,10 +66,11 @@ if [[ "${QUICK:-0}" == 1 ]]; then
   step -m benchmarks.exact_cost --np 1,2 --models convnet --global-batch 8 --micro-batch 4 --steps 2 --repeats 1 \
       --no-distance --out "$OUT" --work "$WORK/exact"
   step -m benchmarks.verdicts --quick --max-floor 2 --out "$OUT" --work "$WORK/verdicts"
-  step -m benchmarks.probe_cost --np 2 --cases convnet=8 --batch-size 4 --steps 3 --repeats 1 --out "$OUT" \
+  step -m benchmarks.probe_cost --np 1 --cases convnet=8 --batch-size 4 --steps 3 --repeats 1 --out "$OUT" \
       --work "$WORK/probe_cost"
-  finish  # stop_latency times its launches: alone (one launcher: tests/test_faults.py stops all four)
-  step -m benchmarks.stop_latency --launchers torchrun --model convnet --image-size 16 --batch-size 4 \
+  finish  # stop_latency times its launches: alone (one launcher, one rank: tests/test_faults.py stops all four
+  # with several ranks)
+  step -m benchmarks.stop_latency --launchers torchrun --np 1 --model convnet --image-size 16 --batch-size 4 \
       --steps-before 1 --timeout 60 --out "$OUT" --work "$WORK/stop"
   finish
 else
