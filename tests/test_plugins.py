@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from common.launch import Job as LaunchedJob
-from launched import PY, assert_every_rank_exited, command, job_env, read_run, run_cmd
+from launched import PY, assert_every_rank_exited, command, compare_in_process, job_env, read_run, run_cmd
 from common.rundir.names import SUMMARY_FILE
 
 TOKENS = '''
@@ -121,6 +121,10 @@ BAD_FACTORIES = {
     "sparse-gradients": (["--model", "bad:sparse"], "get sparse gradients"),
     "unused-parameters": (["--model", "bad:unused"], "parameters spare.weight, spare.bias get no gradient"),
 }
+#: Every bad factory is refused by open_inputs in Trainer.prepare, which each rank runs before any collective, through
+#: its one fail_usage. These two show that under torchrun, on every rank at once: the first refusal open_inputs makes
+#: (importing the model's factory) and the last (after the model's trial step); each other case runs in one process.
+ON_EVERY_RANK = ("module-missing", "unused-parameters")
 SHORT = ["--epochs", "2", "--optimizer", "adam", "--lr", "0.01", "--threads", "1"]
 PLUGINS = ["--model", "transformer:build", "--dataset", "tokens:build", "--model-arg", "depth=2"]
 
@@ -185,7 +189,7 @@ def test_runs_whose_factory_source_differs_are_not_compared(transformer_comparis
                   timeout=120, cwd=edited).check()
     assert one.returncode == 0
     paths = [run["path"] for run in summary["runs"]] + [str(tmp_path / "one")]
-    result = run_cmd([PY, "-m", "common.compare", "--runs", *paths, "--out", str(tmp_path / "out")], timeout=120)
+    result = compare_in_process("--runs", *paths, "--out", tmp_path / "out")
     assert result.returncode == 2
     line = result.output.strip().splitlines()[-1]
     assert "model factory differs" in line and str(edited / "transformer.py") in line, line
@@ -229,17 +233,22 @@ def run_torchrun_timing_ranks(args, cwd: Path):
 
 @pytest.fixture(scope="module")
 def bad_factory_jobs(folder, tmp_path_factory):
-    """Every bad factory under torchrun at 2 ranks, three jobs at a time (their launchers mostly wait for
-    ranks that import torch and stop), each timed on its own. case -> (output, exit code, seconds, run dir)"""
+    """Every bad factory, three jobs at a time (they mostly wait for processes that import torch and stop), each
+    timed on its own: ON_EVERY_RANK's under torchrun at 2 ranks, the others alone (none-ddp).
+    case -> (output, exit code, seconds, run dir)"""
     def launch_case(case):
         run_dir = tmp_path_factory.mktemp(case) / "run"
-        return (*run_torchrun_timing_ranks([*BAD_FACTORIES[case][0], "--run-dir", str(run_dir)], folder), run_dir)
+        args = [*BAD_FACTORIES[case][0], "--run-dir", str(run_dir)]
+        if case in ON_EVERY_RANK:
+            return (*run_torchrun_timing_ranks(args, folder), run_dir)
+        alone = run_cmd(command("none-ddp", 1, args), timeout=60, cwd=folder)
+        return alone.output, alone.returncode, alone.seconds, run_dir
 
     with ThreadPoolExecutor(3) as pool:
         return dict(zip(BAD_FACTORIES, pool.map(launch_case, BAD_FACTORIES)))
 
 
-@pytest.mark.parametrize("case", list(BAD_FACTORIES))
+@pytest.mark.parametrize("case", ON_EVERY_RANK)
 def test_bad_factory_exits_2_on_every_rank_at_once_with_one_line(bad_factory_jobs, case):
     _, expected = BAD_FACTORIES[case]
     output, code, seconds, run_dir = bad_factory_jobs[case]
@@ -251,6 +260,18 @@ def test_bad_factory_exits_2_on_every_rank_at_once_with_one_line(bad_factory_job
         mine = [line for line in errors if line.startswith(f"[rank {rank}] ")]
         assert len(mine) == 1 and expected in mine[0], f"rank {rank}:\n{output[-3000:]}"
     assert_every_rank_exited("torchrun", output, 2, 2)
+    assert not re.search(r'File ".*/(common|ddp_train|hvd_train)/', output)  # no traceback of ours
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("case", [case for case in BAD_FACTORIES if case not in ON_EVERY_RANK])
+def test_bad_factory_exits_2_at_once_with_one_line(bad_factory_jobs, case):
+    _, expected = BAD_FACTORIES[case]
+    output, code, seconds, run_dir = bad_factory_jobs[case]
+    assert code == 2, output[-3000:]
+    assert seconds < 30, f"the process took {seconds:.1f}s"  # it imports torch and stops: not a hang
+    errors = [line for line in output.splitlines() if "ddp_train: error: " in line]
+    assert len(errors) == 1 and expected in errors[0], output[-3000:]
     assert not re.search(r'File ".*/(common|ddp_train|hvd_train)/', output)  # no traceback of ours
     assert not run_dir.exists()
 

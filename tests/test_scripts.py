@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from common import launch as launch_layer
-from launched import PY, REPO, run_cmd
+from launched import PY, REPO, compare_in_process, run_cmd
 from common.rundir.names import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SUMMARY_FILE
 
 pytestmark = pytest.mark.timeout(900)
@@ -96,6 +96,11 @@ def probe_run(folder: Path, launcher: str, script: str, np: int = 2) -> Path:
     return run_dir
 
 
+#: the faithful comparison's noise floor at 3 ranks: disturbances 1 (away from zero) and 2 (toward zero). Its band and
+#: outcome range are the widest of these two runs, so a pair within it is within the default floor too (a third run)
+FLOOR_RUNS = 2
+
+
 @pytest.fixture(scope="module")
 def faithful(folder):
     """The Horovod script and its faithful port compared at 2 and 3 ranks: (summary, out, sha256 of every file
@@ -103,7 +108,8 @@ def faithful(folder):
     before = {p.name: sha256(p) for p in folder.iterdir() if p.is_file()}
     out = folder / "compare"
     result = compare_here(folder, "--scripts", "train_horovod.py", "train_ddp.py", "--np", "2,3",
-                          "--hvd-controllers", "gloo", "--repeats", "1", "--out", out, "--", *SCRIPT_ARGS)
+                          "--hvd-controllers", "gloo", "--repeats", "1", "--floor-runs", FLOOR_RUNS, "--out", out,
+                          "--", *SCRIPT_ARGS)
     assert result.returncode == 0, result.output[-4000:]
     return json.loads((out / SUMMARY_FILE).read_text()), out, before
 
@@ -152,13 +158,11 @@ def test_scripts_are_never_changed_copied_or_run_by_the_comparison(faithful, fol
     assert "none" not in ran and len(ran) == sum(r["world_size"] for r in summary["runs"]), ran
 
 
-def test_a_disturbed_script_run_starts_one_ulp_away_and_says_so(faithful, folder):
+def test_a_disturbed_script_run_starts_one_ulp_away_and_says_so(faithful):
     """The noise floor's runs of a script: the probe moves the initial weights by one ulp at the first forward."""
     summary, out, _ = faithful
-    run_dir = folder / "disturbed"
-    result = run_cmd(probed("torchrun", 2, run_dir, "train_ddp.py", ["--perturb-ulp", "1", "--perturb-pattern", "2"]),
-                     timeout=300, cwd=folder)
-    assert result.returncode == 0, result.output[-3000:]
+    # the floor's second disturbance (--perturb-ulp 1 --perturb-pattern 2, a value other than the default)
+    run_dir = out / "runs" / "ddp+perturbed2-np3-r1"
     config = json.loads((run_dir / CONFIG_FILE).read_text())
     assert (config["config"]["perturb_ulp"], config["config"]["perturb_pattern"]) == (1, 2)
 
@@ -166,20 +170,38 @@ def test_a_disturbed_script_run_starts_one_ulp_away_and_says_so(faithful, folder
         return next(json.loads(line) for line in (path / METRICS_FILE).read_text().splitlines()
                     if json.loads(line)["event"] == "start")
 
-    plain, moved = start(out / "runs" / "ddp-np2-r1"), start(run_dir)
+    plain, moved = start(out / "runs" / "ddp-np3-r1"), start(run_dir)
     gaps = [abs(a - b) / a for a, b in zip(plain["wnorm"], moved["wnorm"]) if a]
     assert gaps and all(0 < g < 2.0 ** -20 for g in gaps), gaps  # every tensor moved, by about an ulp
-    assert moved["ranks"][0] == moved["ranks"][1]  # on every rank alike
+    assert len(moved["ranks"]) == 3 and all(r == moved["ranks"][0] for r in moved["ranks"])  # on every rank alike
 
 
 @pytest.fixture(scope="module")
-def horovod_runs(folder):
-    return {script: probe_run(folder, "horovodrun-gloo", script) for script in ("train_horovod.py", "horovod_decay.py")}
+def horovod_runs(folder, faithful):
+    """The Horovod scripts run under the probe at 2 ranks: train_horovod.py's is the faithful comparison's run (the
+    command probe_run starts, from this folder), horovod_decay.py's is launched here."""
+    _, out, _ = faithful
+    return {"train_horovod.py": out / "runs" / "horovod-gloo-np2-r1",
+            "horovod_decay.py": probe_run(folder, "horovodrun-gloo", "horovod_decay.py")}
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(folder):
+    """The DDP ports run under the probe at 2 ranks, each launched once for the module's tests: port -> its run
+    directory."""
+    made = {}
+
+    def run(port: str) -> Path:
+        if port not in made:
+            made[port] = probe_run(folder, "torchrun", port)
+        return made[port]
+
+    return run
 
 
 def explained(folder: Path, horovod: Path, ddp: Path) -> dict:
     out = folder / f"why-{ddp.name}"
-    result = compare_here(folder, "--runs", horovod, ddp, "--noise-floor", "off", "--out", out)
+    result = compare_in_process("--runs", horovod, ddp, "--noise-floor", "off", "--out", out)
     assert result.returncode == 0, result.output[-3000:]
     pairs = json.loads((out / SUMMARY_FILE).read_text())["parity"]
     assert len(pairs) == 1
@@ -205,19 +227,18 @@ PER_EPOCH_AT_2 = math.ceil(math.ceil(1438 / 2) / 64)
      ["broadcast_optimizer_state", "weight decay 0.01"]),
     ("ddp_summed.py", "train_horovod.py", 2, 1, "gradients", ["summed", "2x"]),
 ])
-def test_a_mistake_is_named_at_the_step_it_acts_on(folder, horovod_runs, port, horovod, parts, step, quantity,
-                                                     words):
-    pair = explained(folder, horovod_runs[horovod], probe_run(folder, "torchrun", port))
+def test_a_mistake_is_named_at_the_step_it_acts_on(folder, horovod_runs, ddp_runs, port, horovod, parts, step,
+                                                     quantity, words):
+    pair = explained(folder, horovod_runs[horovod], ddp_runs(port))
     assert pair["first_differing_step"] == parts, pair
     cause = pair["cause"]
     assert cause["quantity"] == quantity and cause["step"] == step, cause
     assert all(w in cause["text"] for w in words), cause["text"]
 
 
-def test_runs_of_scripts_without_a_floor_say_how_to_make_one(folder, horovod_runs):
+def test_runs_of_scripts_without_a_floor_say_how_to_make_one(folder, horovod_runs, ddp_runs):
     out = folder / "no-floor"
-    ddp = probe_run(folder, "torchrun", "ddp_lr.py")
-    result = compare_here(folder, "--runs", horovod_runs["train_horovod.py"], ddp, "--out", out)
+    result = compare_in_process("--runs", horovod_runs["train_horovod.py"], ddp_runs("ddp_lr.py"), "--out", out)
     assert result.returncode == 0, result.output[-3000:]
     (pair,) = json.loads((out / SUMMARY_FILE).read_text())["parity"]
     assert pair["within_noise_floor"] is None and "has no training options to rerun" in pair["verdict"], pair
@@ -236,7 +257,8 @@ def test_what_the_probe_cannot_follow_is_refused_in_one_line(folder, script, say
             "    other = optim.SGD([scale], lr=0.1)\n"
             "    (scale ** 2).sum().backward(); other.step()\n"
             "    for epoch in range(1, args.epochs + 1):")))
-    result = run_cmd(probed("torchrun", 2, folder / "refused" / script, script), timeout=300, cwd=folder)
+    # one rank: each process of a job finds what the probe cannot follow on its own
+    result = run_cmd(probed("torchrun", 1, folder / "refused" / script, script), timeout=300, cwd=folder)
     assert result.returncode != 0
     lines = [line for line in result.output.splitlines() if "probe: error:" in line]
     assert lines and all(says in line for line in lines), result.output[-3000:]
@@ -245,11 +267,12 @@ def test_what_the_probe_cannot_follow_is_refused_in_one_line(folder, script, say
     assert "common/probe" not in result.output
 
 
-def test_scripts_options_are_checked_before_anything_runs(folder):
+def test_scripts_options_are_checked_before_anything_runs(folder, monkeypatch):
+    monkeypatch.chdir(folder)  # the scripts are named from the user's folder
     for args, says in [(["--scripts", "train_ddp.py", "train_horovod.py"], "give the Horovod script first"),
                        (["--scripts", "train_horovod.py", "train_ddp.py", "--lr", "0.1"], "after --"),
                        (["--np", "2", "--", "--epochs", "1"], "they go with --scripts"),
                        (["--scripts", "nowhere.py"], "cannot be read")]:
-        result = compare_here(folder, *args, "--out", folder / "refused-compare", timeout=120)
+        result = compare_in_process(*args, "--out", folder / "refused-compare")
         assert result.returncode == 2 and says in result.output, (args, result.output[-2000:])
         assert not (folder / "refused-compare" / "runs").exists()
