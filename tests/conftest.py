@@ -1,3 +1,4 @@
+import fcntl
 import json
 import signal
 import sys
@@ -8,8 +9,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest  # noqa: E402
 
 from cluster import cluster  # noqa: E402,F401  (the simulated two-host cluster, one per session)
-from launched import PY, Runs  # noqa: E402
-from settings import ACROSS_HOSTS  # noqa: E402
+from launched import PY, Compared, Runs, run_cmd  # noqa: E402
+from settings import ACROSS_HOSTS, DEMO  # noqa: E402
 from common.rundir.names import SUMMARY_FILE  # noqa: E402
 
 # A suite started in the background (`make test &`, nohup in a script) inherits SIGINT ignored, and so would
@@ -30,6 +31,23 @@ def runs(tmp_path_factory, worker_id):
 
 
 @pytest.fixture(scope="session")
+def demo(runs):
+    """make demo's comparison (python -m common.compare, the default training) with one timing repeat: (output
+    folder, what it printed, its summary). Made once per session beside the shared runs, as Runs makes those: the
+    first worker to ask makes it holding its lock file while the other waits, then each reads it. test_compare reads
+    the whole matrix, test_verdicts its 3-rank cell and noise floor, test_parity its DDP run at 2 ranks."""
+    out, printed = runs.root / "demo", runs.root / "demo.result.json"
+    with open(runs.root / "demo.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not printed.exists():
+            result = run_cmd([PY, "-m", "common.compare", "--out", str(out), "--repeats", "1", *DEMO], timeout=900)
+            printed.write_text(json.dumps({"returncode": result.returncode, "output": result.output}))
+    result = Compared(**json.loads(printed.read_text()))
+    assert result.returncode == 0, result.output[-3000:]
+    return out, result.output, json.loads((out / SUMMARY_FILE).read_text())
+
+
+@pytest.fixture(scope="session")
 def across_hosts(cluster, tmp_path_factory):
     """One comparison started on node0 across both hosts at world size 4: DDP and Horovod (Gloo and MPI).
     test_compare_hosts reads the comparison, test_multinode the runs it launched: (result, out, summary)."""
@@ -46,9 +64,9 @@ def across_hosts(cluster, tmp_path_factory):
 CLUSTER_MODULES = {"test_compare_hosts.py", "test_doctor.py", "test_launch_errors.py", "test_multinode.py"}
 # The other modules that take minutes on 2 cores, longest first, so that the two workers end together; the
 # rest follow in their own order.
-LONGEST_FIRST = ["test_faults.py", "test_compare.py", "test_benchmarks.py", "test_knobs.py", "test_exact.py",
-                 "test_plugins.py", "test_verdicts.py", "test_scripts.py", "test_checkpoint.py", "test_compare_sites.py",
-                 "test_parity.py", "test_elastic.py"]
+LONGEST_FIRST = ["test_benchmarks.py", "test_compare.py", "test_scripts.py", "test_faults.py", "test_exact.py",
+                 "test_knobs.py", "test_plugins.py", "test_verdicts.py", "test_compare_sites.py", "test_checkpoint.py",
+                 "test_elastic.py", "test_parity.py"]
 
 
 def pytest_collection_modifyitems(items):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import re
 import sys
@@ -59,6 +61,29 @@ def run_cmd(cmd: List[str], timeout: float = 240, env: Optional[Dict[str, str]] 
     result = launch_layer.run(cmd, timeout=timeout, env=job_env(env), cwd=cwd)
     assert not result.timed_out, f"{' '.join(result.cmd)} did not finish in {timeout}s:\n{result.output[-4000:]}"
     return Result(**vars(result))
+
+
+@dataclass
+class Compared:
+    """What a comparison run in this process returned and printed."""
+
+    returncode: int
+    output: str
+
+
+def compare_in_process(*args) -> Compared:
+    """`python -m common.compare ARGS` (its command line is sys.exit(main())) run in this process, for a comparison
+    that launches nothing: of given run directories (--runs), or refused before anything starts. Its exit code and
+    what it printed, stdout and stderr together."""
+    from common.compare.__main__ import main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        try:
+            code = main(list(map(str, args)))
+        except SystemExit as exc:  # the option parser's own refusals
+            code = exc.code
+    return Compared(code, printed.getvalue())
 
 
 def launch(launcher: str, np: int, args: List[str], timeout: float = 240,

@@ -13,6 +13,16 @@ MLP_SGD = COMMON + ["--model", "mlp", "--optimizer", "sgd", "--lr", "0.05", "--m
 ADAM_LR = 0.002
 CONVNET_ADAM = COMMON + ["--model", "convnet", "--optimizer", "adam", "--lr", str(ADAM_LR), "--weight-decay", "0.01"]
 
+#: make demo's training (every default), with the one thread per process it has at 3 ranks on two cores
+DEMO = ["--threads", "1"]
+# Every knob that keeps world-size-2 parity, at once; 23 batches per rank and epoch make 11 steps of
+# --accumulate 2, so 16 steps cross an epoch boundary. Checkpoints every 5 steps, TensorBoard files and room for
+# a third epoch change none of the numbers: these runs are test_knobs' and the first halves of test_checkpoint's
+# stop and resume.
+KNOBS = CONVNET_ADAM + ["--epochs", "3", "--max-steps", "16", "--channels-last", "--bucket-mb", "0.001",
+                        "--clip-grad-norm", "0.05", "--accumulate", "2", "--amp", "bf16", "--profile", "3",
+                        "--checkpoint-every", "5", "--tensorboard"]
+
 #: the runs of the comparison across the two hosts of the simulated cluster (conftest.across_hosts)
 ACROSS_HOSTS = ["--model", "mlp", "--threads", "1", "--max-steps", "10"]
 

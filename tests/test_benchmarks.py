@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from launched import PY, REPO, run_cmd
+from launched import PY, REPO, compare_in_process, run_cmd
 from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
 # The first test's setup is the QUICK run of every step, which takes minutes while another worker runs too.
@@ -334,13 +334,11 @@ def test_probe_cost_runs_the_script_bare_and_under_the_probe(quick):
 
 # ---- the comparison report's benchmark section ----
 
-def test_report_shows_the_benchmarks(quick, tmp_path, capsys):
-    from common.compare.__main__ import main as compare
-
+def test_report_shows_the_benchmarks(quick, tmp_path):
     out, _ = quick
     run = out / "work" / "throughput" / "convnet" / "ddp-2-r1"
     report_dir = tmp_path / "report"
-    assert compare(["--runs", str(run), "--bench", str(out), "--out", str(report_dir)]) == 0
+    assert compare_in_process("--runs", run, "--bench", out, "--out", report_dir).returncode == 0
     report = (report_dir / "report.md").read_text()
     summary = json.loads((report_dir / SUMMARY_FILE).read_text())
     assert "## Benchmarks" in report and "### Allreduce bandwidth" in report and "### Training throughput" in report
@@ -363,15 +361,13 @@ def test_report_shows_the_benchmarks(quick, tmp_path, capsys):
     again.mkdir()
     for name in ("throughput.json", "throughput.png"):
         (again / name).write_bytes((out / name).read_bytes())
-    assert compare(["--runs", str(run), "--out", str(again)]) == 0
+    assert compare_in_process("--runs", run, "--out", again).returncode == 0
     text = (again / "report.md").read_text()
     assert "### Training throughput" in text and "### Allreduce bandwidth" not in text
 
     # A --bench folder with no results is a clear error.
-    capsys.readouterr()
-    assert compare(["--runs", str(run), "--bench", str(tmp_path / "report" / "nothing"),
-                    "--out", str(tmp_path / "x")]) == 2
-    assert "no allreduce.json or throughput.json" in capsys.readouterr().err
+    refused = compare_in_process("--runs", run, "--bench", tmp_path / "report" / "nothing", "--out", tmp_path / "x")
+    assert refused.returncode == 2 and "no allreduce.json or throughput.json" in refused.output
 
 
 def test_csv_values_are_checked_with_a_message_naming_the_fix():
@@ -444,6 +440,8 @@ def test_verdicts_judge_every_pair_of_the_corpus_at_every_floor_size(quick):
     real = next(c for c in data["cases"] if c["kind"] == "real")
     # The twin (the change on DDP alone) puts the learning rate's first effect at step 2.
     assert real["expected_step"] == 2
+    # The real difference runs on DDP, so its run is its twin: the floor's three runs, Horovod's and that one.
+    assert real["b"].startswith("torchrun ") and data["runs_launched"] == 5
     for case in data["cases"]:
         assert set(case["judged"]) == {f"{k}@{m:g}" for k in (1, 2) for m in st["margins"]}
     # The grid counts exactly the wrong verdicts of the cases.

@@ -1,4 +1,4 @@
-"""Checkpoints: exact resume (mid-epoch, across backends, with accumulation), world-size changes,
+"""Checkpoints: exact resume (mid-epoch, across backends, with accumulation and the other knobs), world-size changes,
 --resume PATH, refusals, and non-finite values that never reach a checkpoint or model.pt."""
 
 from __future__ import annotations
@@ -10,19 +10,25 @@ import pytest
 import torch
 
 from launched import launch, read_run, step_losses, tensorboard_scalars
+from settings import KNOBS
 from common.rundir.names import MODEL_FILE, SUMMARY_FILE
 
-ARGS = ["--model", "convnet", "--optimizer", "adam", "--lr", "0.002", "--weight-decay", "0.01", "--epochs", "3",
-        "--threads", "1", "--accumulate", "2", "--tensorboard"]
-# World size 2, batch 32, --accumulate 2: 11 steps per epoch (22 micro-batches), so 16 stops in the
-# middle of the second epoch (at micro-batch 10) and 30 in the third.
+# The first halves are test_knobs' runs (one launch serves both modules): convnet, Adam with weight decay,
+# --accumulate 2 and every other knob that keeps world-size-2 parity, a checkpoint every 5 steps, 16 steps.
+# World size 2, batch 32, --accumulate 2: 11 steps per epoch (22 micro-batches), so 16 stops in the middle
+# of the second epoch (at micro-batch 10) and 30 in the third.
 HALF, FULL = 16, 30
-FIRST_HALF = ARGS + ["--max-steps", str(HALF), "--checkpoint-every", "5"]
+FIRST_HALF = KNOBS
+
+
+def settings(max_steps):
+    """The first halves' settings, up to step `max_steps`."""
+    return FIRST_HALF + ["--max-steps", str(max_steps)]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(runs):
-    return runs("torchrun", 2, ARGS + ["--max-steps", str(FULL)]).run
+    return runs("torchrun", 2, settings(FULL)).run
 
 
 def _last_epoch(run):
@@ -39,7 +45,7 @@ def test_stop_and_resume_mid_epoch_is_bitwise_exact(runs, tmp_path, uninterrupte
     assert (ckpt["step"], ckpt["batch"], ckpt["epoch"]) == (16, 10, 1)  # batch counts micro-batches
     run_dir = tmp_path / "run"
     shutil.copytree(half.dir, run_dir)
-    result = launch(second, 2, ARGS + ["--max-steps", str(FULL), "--resume", "auto", "--run-dir", str(run_dir)]).check()
+    result = launch(second, 2, settings(FULL) + ["--resume", "auto", "--run-dir", str(run_dir)]).check()
     assert "resuming from" in result.output and "ckpt-000000016.pt" in result.output
     resumed = read_run(run_dir)
     assert resumed["summary"]["weights_sha256"] == uninterrupted["summary"]["weights_sha256"]
@@ -53,8 +59,7 @@ def test_resume_from_a_named_checkpoint_at_another_world_size(runs, tmp_path):
     """--resume PATH, from an epoch-end checkpoint of a 2-rank run, on one process: accepted, with the
     new global batch and learning rate named."""
     path = runs("torchrun", 2, FIRST_HALF).dir / "checkpoints" / "ckpt-000000011.pt"
-    result = launch("none-hvd", 1, ARGS + ["--max-steps", "14", "--resume", str(path),
-                                           "--run-dir", str(tmp_path)]).check()
+    result = launch("none-hvd", 1, settings(14) + ["--resume", str(path), "--run-dir", str(tmp_path)]).check()
     assert f"resuming from {path}: epoch 2, batch 0, step 11" in result.output
     assert "world size changed 2 -> 1 at the start of epoch 2: global batch 128 -> 64, lr 0.002 -> 0.002" \
         in result.output
@@ -67,8 +72,7 @@ def test_resume_from_a_named_checkpoint_at_another_world_size(runs, tmp_path):
 def test_world_size_change_mid_epoch_is_refused(runs, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(runs("horovodrun-gloo", 2, FIRST_HALF).dir, run_dir)
-    result = launch("none-ddp", 1, ARGS + ["--max-steps", str(FULL), "--resume", "auto", "--run-dir", str(run_dir)],
-                    timeout=60)
+    result = launch("none-ddp", 1, settings(FULL) + ["--resume", "auto", "--run-dir", str(run_dir)], timeout=60)
     assert result.returncode == 2
     assert "written mid-epoch (epoch 2, batch 10) at world size 2" in result.output
 
@@ -94,15 +98,18 @@ MLP = ["--model", "mlp", "--epochs", "1", "--threads", "1", "--checkpoint-every"
 
 @pytest.fixture(scope="module")
 def single(runs):
-    """One process, checkpoints at steps 4, 8 and 12."""
-    return runs("none-ddp", 1, MLP + ["--max-steps", "12"])
+    """One process, 16 steps; the newest three checkpoints remain, at steps 8, 12 and 16."""
+    return runs("none-ddp", 1, MLP + ["--max-steps", "16"])
 
 
-def test_auto_resume_passes_over_bad_checkpoints(runs, single, tmp_path):
+def test_auto_resume_passes_over_bad_checkpoints(single, tmp_path):
     """A checkpoint carrying pickled code is refused and its code never runs; a truncated one is named;
     --resume auto goes back to the newest good one and ends as an undisturbed run."""
     run_dir = tmp_path / "run"
     shutil.copytree(single.dir, run_dir)
+    # As if stopped after step 12: its last checkpoint and its results go.
+    for late in [*(run_dir / "checkpoints").glob("ckpt-000000016.pt*"), run_dir / SUMMARY_FILE, run_dir / MODEL_FILE]:
+        late.unlink()
     marker = tmp_path / "pwned"
     _plant(run_dir / "checkpoints" / "ckpt-000000999.pt", {"format": 1, "model": _Payload(marker)})
     newest = run_dir / "checkpoints" / "ckpt-000000012.pt"
@@ -112,18 +119,17 @@ def test_auto_resume_passes_over_bad_checkpoints(runs, single, tmp_path):
     assert "ckpt-000000012.pt is corrupt or truncated" in result.output
     assert "resuming from" in result.output and "ckpt-000000008.pt" in result.output
     assert not marker.exists()
-    full = runs("none-ddp", 1, MLP + ["--max-steps", "16"]).run
-    assert read_run(run_dir)["summary"]["weights_sha256"] == full["summary"]["weights_sha256"]
+    assert read_run(run_dir)["summary"]["weights_sha256"] == single.run["summary"]["weights_sha256"]
 
 
-@pytest.mark.parametrize("change,expected", [
-    (["--model", "convnet"], "belongs to another run: model 'mlp' in the checkpoint, 'convnet' now"),
-    (["--dataset", "synthetic"], "belongs to another run: dataset 'digits' in the checkpoint, 'synthetic' now"),
-])
-def test_checkpoint_of_another_run_is_refused(single, tmp_path, change, expected):
+def test_checkpoint_of_another_run_is_refused_naming_every_difference(single, tmp_path):
     path = single.dir / "checkpoints" / "ckpt-000000008.pt"
-    result = launch("none-ddp", 1, MLP + change + ["--resume", str(path), "--run-dir", str(tmp_path)], timeout=60)
-    assert result.returncode == 2 and expected in result.output, result.output[-2000:]
+    result = launch("none-ddp", 1, MLP + ["--model", "convnet", "--dataset", "synthetic", "--resume", str(path),
+                                          "--run-dir", str(tmp_path)], timeout=60)
+    assert result.returncode == 2 and "belongs to another run: " in result.output, result.output[-2000:]
+    for expected in ("model 'mlp' in the checkpoint, 'convnet' now",
+                     "dataset 'digits' in the checkpoint, 'synthetic' now"):
+        assert expected in result.output, result.output[-2000:]
 
 
 def test_checkpoint_with_pickled_code_named_explicitly_is_refused(single, tmp_path):
@@ -136,9 +142,9 @@ def test_checkpoint_with_pickled_code_named_explicitly_is_refused(single, tmp_pa
 
 
 def test_checkpoint_loads_with_weights_only(single):
-    ckpt = torch.load(single.dir / "checkpoints" / "ckpt-000000012.pt", weights_only=True)
+    ckpt = torch.load(single.dir / "checkpoints" / "ckpt-000000016.pt", weights_only=True)
     assert {"model", "optimizer", "epoch", "batch", "step", "rng", "meter", "settings"} <= set(ckpt)
-    assert single.run["summary"]["steps"] == ckpt["step"] == 12
+    assert single.run["summary"]["steps"] == ckpt["step"] == 16
 
 
 def _all_finite(state):

@@ -12,8 +12,9 @@ import stat
 import pytest
 from PIL import Image
 
-from launched import PY, max_abs_diff, read_run, run_cmd
+from launched import PY, compare_in_process, max_abs_diff, read_run, run_cmd
 from settings import ADAM_LR, convnet_run, mlp_run
+from common.compare.floor import DEFAULT_FLOOR_RUNS
 from common.rundir.names import SUMMARY_FILE
 
 PLOTS = ("curves.png", "throughput.png", "scaling_efficiency.png", "time_split.png", "parity.png")
@@ -32,17 +33,17 @@ def assert_real_image(path):
 
 
 @pytest.fixture(scope="module")
-def default_matrix(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cmp")
-    result = compare("--out", out, "--repeats", "1", "--floor-runs", "2", *SHORT)
-    assert result.returncode == 0, result.output[-3000:]
-    return out, result.output
+def default_matrix(demo):
+    """make demo's comparison: world sizes 1 to 3, the default training."""
+    out, output, _ = demo
+    return out, output
 
 
+@pytest.mark.timeout(900)  # its setup can be make demo's comparison, minutes while another worker runs too
 def test_default_matrix_runs_world_sizes_1_to_3_and_explains(default_matrix):
     out, output = default_matrix
     # The noise floor costs its disturbed runs at 3 ranks only: at 1 and 2 the backends are bitwise identical.
-    floor = ["ddp+perturbed1@3#1", "ddp+perturbed2@3#1"]  # --floor-runs 2
+    floor = [f"ddp+perturbed{k}@3#1" for k in range(1, DEFAULT_FLOOR_RUNS + 1)]
     expected = ["ddp@1#1", "horovod-gloo@1#1", "ddp@2#1", "horovod-gloo@2#1", "ddp@3#1", "horovod-gloo@3#1",
                 "horovod-mpi@3#1", "horovod-gloo+predivide@3#1", *floor]
     # One line per run started and finished, epoch progress with an ETA.
@@ -64,6 +65,7 @@ def _runs_by_name(summary):
     return {r["name"]: read_run(r["path"]) for r in summary["runs"]}
 
 
+@pytest.mark.timeout(900)  # as above
 def test_report_verdicts_match_the_run_directories(default_matrix):
     out, _ = default_matrix
     summary = json.loads((out / SUMMARY_FILE).read_text())
@@ -115,7 +117,7 @@ def test_failed_run_is_reported_and_the_rest_still_compared(tmp_path):
 
 def test_runs_made_by_hand_with_torchrun_and_horovodrun(runs, tmp_path):
     ddp, hvd = mlp_run(runs, "torchrun"), mlp_run(runs, "horovodrun-gloo")
-    result = compare("--runs", ddp.dir, hvd.dir, "--out", tmp_path)
+    result = compare_in_process("--runs", ddp.dir, hvd.dir, "--out", tmp_path)
     assert result.returncode == 0, result.output
     (pair,) = [p for p in json.loads((tmp_path / SUMMARY_FILE).read_text())["parity"] if p["kind"] == "backends"]
     assert ddp.run["summary"]["weights_sha256"] == hvd.run["summary"]["weights_sha256"]
@@ -130,14 +132,15 @@ def test_world_size_3_pair_is_equal_within_its_measured_gap(runs, tmp_path):
     ddp, hvd = convnet_run(runs, "torchrun", np=3), convnet_run(runs, "horovodrun-gloo", np=3)
     gap = max_abs_diff(ddp.run["model"], hvd.run["model"])
     assert 0 < gap < 0.5 * ADAM_LR, gap  # apart by rounding, not trained differently
-    result = compare("--runs", ddp.dir, hvd.dir, "--out", tmp_path, "--tolerance", f"{max(1e-5, 2 * gap):.1e}")
+    result = compare_in_process("--runs", ddp.dir, hvd.dir, "--out", tmp_path, "--tolerance", f"{max(1e-5, 2 * gap):.1e}")
     assert result.returncode == 0, result.output
     assert f"weights @3: ddp@3#1 vs horovod-gloo@3#1: equal within {gap:.1e}" in result.output
     assert re.search(rf"\*\*equal within {re.escape(f'{gap:.1e}')}\*\*", (tmp_path / "report.md").read_text())
 
 
 def test_runs_of_different_models_are_refused(runs, tmp_path):
-    result = compare("--runs", mlp_run(runs, "torchrun").dir, convnet_run(runs, "torchrun").dir, "--out", tmp_path)
+    result = compare_in_process("--runs", mlp_run(runs, "torchrun").dir, convnet_run(runs, "torchrun").dir, "--out",
+                          tmp_path)
     assert result.returncode == 2
     assert "not comparable" in result.output and "model differs" in result.output
     assert not (tmp_path / "report.md").exists()
@@ -148,9 +151,12 @@ ALONE = ["--model", "mlp", "--epochs", "1", "--max-steps", "20", "--threads", "1
 
 def test_runs_differing_only_in_seed_are_beyond_the_noise_floor_from_the_first_step(runs, tmp_path):
     seed1, seed2 = runs("none-ddp", 1, ALONE).dir, runs("none-ddp", 1, ALONE + ["--seed", "2"]).dir
-    refused = compare("--runs", seed1, seed2, "--out", tmp_path)
+    refused = compare_in_process("--runs", seed1, seed2, "--out", tmp_path)
     assert refused.returncode == 2 and "seed differs" in refused.output
-    result = compare("--runs", seed1, seed2, "--out", tmp_path, "--force")
+    # The noise floor: the first run's settings in the default number of disturbances, each its own pattern.
+    disturbed = [runs("none-ddp", 1, ALONE + ["--perturb-ulp", "1", "--perturb-pattern", str(k)]).dir
+                 for k in range(1, DEFAULT_FLOOR_RUNS + 1)]
+    result = compare_in_process("--runs", seed1, seed2, *disturbed, "--out", tmp_path, "--force")
     assert result.returncode == 0, result.output
     (pair, *_) = json.loads((tmp_path / SUMMARY_FILE).read_text())["parity"]
     assert (pair["a"], pair["b"], pair["kind"]) == ("ddp[seed=42]@1#1", "ddp[seed=2]@1#1", "settings")
@@ -166,7 +172,7 @@ def test_divergence_is_found_at_the_step_it_starts(runs, tmp_path):
     losses_a = [e["loss"] for e in plain.run["events"] if e["event"] == "step"]
     losses_b = [e["loss"] for e in decay.run["events"] if e["event"] == "step"]
     assert next(i + 1 for i, (x, y) in enumerate(zip(losses_a, losses_b)) if x != y) == 12
-    result = compare("--runs", plain.dir, decay.dir, "--out", tmp_path, "--noise-floor", "off")
+    result = compare_in_process("--runs", plain.dir, decay.dir, "--out", tmp_path, "--noise-floor", "off")
     assert result.returncode == 0, result.output
     summary = json.loads((tmp_path / SUMMARY_FILE).read_text())
     (pair,) = summary["parity"]

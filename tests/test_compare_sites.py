@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from launched import PY, REPO, run_cmd
+from launched import PY, REPO, compare_in_process, run_cmd
 from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
 SHIM = REPO / "tests" / "slurm_shim"
@@ -60,9 +60,13 @@ def test_slurm_runs_both_backends_through_srun(in_allocation):
     (["--hosts", "node0:x"], {}, "bad host entry 'node0:x'"),
     (["--hosts", "node0:2", "--runs", "a", "b"], {}, "--hosts says where to launch runs; --runs launches none"),
 ])
-def test_a_site_that_cannot_run_the_matrix_is_one_line_before_anything_starts(tmp_path, args, env, message):
-    outside = [] if env else ["env", "-u", "SLURM_JOB_ID"]  # not in an allocation, whatever runs the tests
-    result = run_cmd([*outside, *COMPARE, *args, "--out", str(tmp_path / "out")], timeout=60, env=env)
+def test_a_site_that_cannot_run_the_matrix_is_one_line_before_anything_starts(tmp_path, monkeypatch, args, env,
+                                                                              message):
+    if not env:
+        monkeypatch.delenv("SLURM_JOB_ID", raising=False)  # not in an allocation, whatever runs the tests
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = compare_in_process(*args, "--out", tmp_path / "out")  # it launches nothing: run in this process
     assert result.returncode == 2, result.output
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("compare-backends: error: ") and message in last, last

@@ -99,11 +99,11 @@ def test_exact_mode_refuses_what_cannot_work_in_one_line(tmp_path, extra, expect
 
 
 def test_a_world_size_that_cannot_share_the_micro_batches_is_refused_on_every_rank(tmp_path):
-    result = launch("torchrun", 3, ["--reduction", "exact", "--global-batch", "16", "--run-dir", str(tmp_path)],
+    result = launch("torchrun", 2, ["--reduction", "exact", "--global-batch", "24", "--run-dir", str(tmp_path)],
                     timeout=90)
     assert result.returncode != 0
-    for rank in range(3):
-        assert f"[rank {rank}] ddp_train: error: --global-batch 16 makes 2 micro-batches of 8, which 3 ranks cannot " \
+    for rank in range(2):
+        assert f"[rank {rank}] ddp_train: error: --global-batch 24 makes 3 micro-batches of 8, which 2 ranks cannot " \
                "share equally" in result.output, result.output[-3000:]
 
 

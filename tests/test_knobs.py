@@ -10,20 +10,23 @@ import pytest
 import torch
 
 from launched import PY, launch, max_abs_diff, run_cmd, step_losses
-from settings import CONVNET_ADAM, COMMON, convnet_run, mlp_run
+from settings import CONVNET_ADAM, COMMON, KNOBS, convnet_run, mlp_run
 from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
-# Every knob that keeps world-size-2 parity, at once; 23 batches per rank and epoch make 11 steps of
-# --accumulate 2, so 16 steps cross an epoch boundary.
-KNOBS = CONVNET_ADAM + ["--max-steps", "16", "--channels-last", "--bucket-mb", "0.001", "--clip-grad-norm", "0.05",
-                        "--accumulate", "2", "--amp", "bf16", "--profile", "3"]
 FP16 = COMMON + ["--model", "mlp", "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--compression", "fp16"]
+DETERMINISTIC = CONVNET_ADAM + ["--max-steps", "12", "--deterministic"]
 #: horovodrun's own option for the cycle time: what the user sets wins over hvd_train's choice
 HOROVODRUN_CYCLE = ("--cycle-time-ms", "2")
 
 
 def knobs(runs, launcher):
-    return runs(launcher, 2, KNOBS, HOROVODRUN_CYCLE if launcher.startswith("horovodrun") else ())
+    return runs(launcher, 2, KNOBS)
+
+
+def deterministic(runs, again=False):
+    """A --deterministic run of Horovod at 3 ranks; `again`, another launch of it, given horovodrun's own cycle
+    time (its timing, not its numbers)."""
+    return runs("horovodrun-gloo", 3, DETERMINISTIC, HOROVODRUN_CYCLE if again else ())
 
 
 def test_knobs_keep_world_size_2_parity(runs):
@@ -181,7 +184,7 @@ def test_horovod_cycle_time_follows_the_model_size_unless_the_user_sets_it(runs,
     `horovodrun --cycle-time-ms` (HOROVOD_CYCLE_TIME) always wins."""
     small = mlp_run(runs, "horovodrun-gloo").run["config"]["backend"]
     assert (small["cycle_time_ms"], small["cycle_time_source"]) == (1.0, "Horovod's default")
-    given = knobs(runs, "horovodrun-gloo").run["config"]["backend"]
+    given = deterministic(runs, again=True).run["config"]["backend"]  # started with horovodrun --cycle-time-ms 2
     assert (given["cycle_time_ms"], given["cycle_time_source"]) == (2.0, "environment")
     resnet = ["--model", "resnet18", "--dataset", "synthetic", "--image-size", "32", "--synthetic-samples", "64",
               "--batch-size", "4", "--epochs", "1", "--max-steps", "1", "--threads", "1", "--run-dir", str(tmp_path)]
@@ -211,18 +214,16 @@ def test_open_mpi_settings_follow_the_job_unless_the_user_sets_them(runs):
 def test_deterministic_horovod_repeats_its_bits_at_3_ranks(runs):
     """--deterministic: Horovod reduces every tensor alone (no fusion, whose grouping follows timing), so two
     runs at 3 ranks, where the grouping of a sum changes its bits, end with the same weights."""
-    args = CONVNET_ADAM + ["--max-steps", "12"]
-    first = runs("horovodrun-gloo", 3, args + ["--deterministic"]).run
-    again = runs("horovodrun-gloo", 3, args + ["--deterministic", "--log-every", "2"]).run  # another launch
+    first, again = deterministic(runs).run, deterministic(runs, again=True).run
     assert first["summary"]["weights_sha256"] == again["summary"]["weights_sha256"]
     for run in (first, again):
         backend = run["config"]["backend"]
         assert run["config"]["config"]["deterministic"] is True and backend["deterministic"] is True
         # what Horovod read at init: no fusion
         assert backend["fusion_threshold_env"] == "0" and backend["fusion_threshold_bytes"] == 0
-    # The control, the same run without --deterministic: Horovod fuses (its repeats may differ, so only
-    # what it was handed is compared); had --deterministic done nothing, the two would read the same.
-    control = runs("horovodrun-gloo", 3, args).run["config"]["backend"]
+    # The control, the shared convnet run at 3 ranks, without --deterministic: Horovod fuses (its repeats may
+    # differ, so only what it was handed is compared); had --deterministic done nothing, the two would read the same.
+    control = convnet_run(runs, "horovodrun-gloo", np=3).run["config"]["backend"]
     assert control["deterministic"] is False
     assert control["fusion_threshold_env"] == str(25 * 1024 * 1024)
     assert control["fusion_threshold_env"] != first["config"]["backend"]["fusion_threshold_env"]
