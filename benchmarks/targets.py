@@ -57,7 +57,8 @@ def _loop_target(tp: Dict) -> tuple:
 
 def _overhead_target(tp: Dict) -> tuple:
     case = next((c for c in tp["cases"] if (c["model"], c["image_size"]) == ("resnet18", 224)), None)
-    if case is None or tp["settings"].get("extra_train_args", [])[-2:] != ["--threads", "1"]:
+    at_2 = [r for r in (case or {}).get("runs", []) if r["world_size"] == 2]
+    if not at_2 or any(r.get("threads") != 1 for r in at_2):  # the threads each run recorded
         return "resnet18 224x224 at one thread per rank not measured", met(None)
     shown, verdicts = [], []
     for label, name in OVERHEAD_TARGET.items():

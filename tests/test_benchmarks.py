@@ -241,6 +241,21 @@ def test_the_other_throughput_steps(quick):
         assert all(positive(cell["median"]) for cell in case["throughput"].values())
 
 
+def test_the_exchange_overhead_target_holds_each_backend_to_its_limit_at_one_thread_per_rank():
+    from benchmarks.targets import _overhead_target
+
+    def result(threads):
+        runs = [{"world_size": 2, "threads": threads}, {"world_size": 1, "threads": 2}]
+        overhead = {"ddp": {"2": 0.02}, "horovod-mpi": {"2": 0.031}, "horovod-gloo": {"2": 0.059}}
+        return {"cases": [{"model": "resnet18", "image_size": 224, "runs": runs, "exchange_overhead": overhead}]}
+
+    shown, verdict = _overhead_target(result(1))
+    assert shown == "DDP 2.0%, Horovod/MPI 3.1%, Horovod/Gloo 5.9%"
+    assert verdict == "DDP (≤ 3%) yes, Horovod/MPI (≤ 3%) no, Horovod/Gloo (≤ 6%) yes"
+    # Runs of two threads per rank are not the target's setting, whatever the command line said.
+    assert _overhead_target(result(2)) == ("resnet18 224x224 at one thread per rank not measured", "not measured")
+
+
 def test_summarise_computes_scaling_overhead_ratios_and_the_median_split():
     """The comm/step/data columns describe the repeat whose samples/s is the median, not the first."""
     from benchmarks.throughput import Case, summarise
