@@ -1,4 +1,3 @@
-import fcntl
 import json
 import signal
 import sys
@@ -9,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest  # noqa: E402
 
 from cluster import cluster  # noqa: E402,F401  (the simulated two-host cluster, one per session)
-from launched import PY, Compared, Runs, run_cmd  # noqa: E402
+from launched import PY, Runs  # noqa: E402
 from settings import ACROSS_HOSTS, DEMO  # noqa: E402
 from common.rundir.names import SUMMARY_FILE  # noqa: E402
 
@@ -33,16 +32,10 @@ def runs(tmp_path_factory, worker_id):
 @pytest.fixture(scope="session")
 def demo(runs):
     """make demo's comparison (python -m common.compare, the default training) with one timing repeat: (output
-    folder, what it printed, its summary). Made once per session beside the shared runs, as Runs makes those: the
-    first worker to ask makes it holding its lock file while the other waits, then each reads it. test_compare reads
+    folder, what it printed, its summary). Made once per session beside the shared runs (Runs.once). test_compare reads
     the whole matrix, test_verdicts its 3-rank cell and noise floor, test_parity its DDP run at 2 ranks."""
-    out, printed = runs.root / "demo", runs.root / "demo.result.json"
-    with open(runs.root / "demo.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not printed.exists():
-            result = run_cmd([PY, "-m", "common.compare", "--out", str(out), "--repeats", "1", *DEMO], timeout=900)
-            printed.write_text(json.dumps({"returncode": result.returncode, "output": result.output}))
-    result = Compared(**json.loads(printed.read_text()))
+    out = runs.root / "demo"
+    result = runs.once("demo", [PY, "-m", "common.compare", "--out", str(out), "--repeats", "1", *DEMO], timeout=900)
     assert result.returncode == 0, result.output[-3000:]
     return out, result.output, json.loads((out / SUMMARY_FILE).read_text())
 

@@ -116,16 +116,21 @@ class Runs:
         key = (launcher, np, tuple(args), tuple(launcher_args))
         if key not in self.cache:
             name = f"{launcher}-{np}-{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"
-            run_dir, printed = self.root / name, self.root / f"{name}.result.json"
-            with open(self.root / f"{name}.lock", "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                if not printed.exists():
-                    cmd = command(launcher, np, [*args, "--run-dir", str(run_dir)])
-                    cmd = cmd[:1] + list(launcher_args) + cmd[1:]
-                    printed.write_text(json.dumps(vars(run_cmd(cmd, timeout=timeout))))
-            result = Result(**json.loads(printed.read_text())).check()
+            run_dir = self.root / name
+            cmd = command(launcher, np, [*args, "--run-dir", str(run_dir)])
+            result = self.once(name, cmd[:1] + list(launcher_args) + cmd[1:], timeout).check()
             self.cache[key] = Launched(read_run(run_dir), result, run_dir)
         return self.cache[key]
+
+    def once(self, name: str, cmd: List[str], timeout: float) -> Result:
+        """What `cmd` returned and printed, run once per session under `name`: the first worker to ask runs it
+        holding NAME.lock while the others wait, then each reads the record it left."""
+        printed = self.root / f"{name}.result.json"
+        with open(self.root / f"{name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not printed.exists():
+                printed.write_text(json.dumps(vars(run_cmd(cmd, timeout=timeout))))
+        return Result(**json.loads(printed.read_text()))
 
 
 def rank_exit_codes(launcher: str, output: str) -> dict:
