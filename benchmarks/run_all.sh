@@ -85,10 +85,11 @@ else
   "$PY" -m benchmarks.horovod_cycle --np 2 --cycle-ms 1,5,10,20 --idle-s 8 --out "$OUT"
   # DDP's built-in allreduce against the timing comm hook, three separate jobs.
   "$PY" -m benchmarks.ddp_comm_hook --np 2 --model convnet --image-size 32 --runs 3 --out "$OUT"
-  # convnet 32x32 and resnet18 224x224, per-rank batch 16, with both bare DDP loops (seed-style and
-  # batched data path) and N independent processes as references.
+  # convnet 32x32 and resnet18 224x224, per-rank batch 16, one thread per rank, every backend, with both bare
+  # DDP loops (seed-style and batched data path) and N independent processes as references: the loop and
+  # exchange-overhead targets.
   "$PY" -m benchmarks.throughput --np 1,2 --models convnet,resnet18 --image-size convnet=32,resnet18=224 \
-      --batch-size 16 --steps 12 --repeats 2 --backends ddp,horovod-gloo --out "$OUT"
+      --batch-size 16 --steps 12 --repeats 2 --backends ddp,horovod-gloo,horovod-mpi --out "$OUT" -- --threads 1
   # Scaling at one thread per rank (the CPU analogue of one GPU per rank): the scaling target, with
   # Horovod's cycle time left to hvd_train (auto) and set by hand.
   "$PY" -m benchmarks.throughput --np 1,2 --models resnet18 --image-size 224 --batch-size 16 --steps 10 \
