@@ -109,4 +109,10 @@ for want_line in "\[X\] PyTorch" "\[X\] MPI" "\[X\] Gloo"; do
     fi
 done
 log "horovodrun --check-build: PyTorch, MPI and Gloo available"
+
+# --- 5. bytecode of the project's own modules ---------------------------------------------------
+# Every rank, launcher and comparison imports them. Where PYTHONDONTWRITEBYTECODE is set, no process writes
+# their .pyc, so each would compile them again; written here once (up-to-date files are skipped).
+"$PY" -m compileall -q -j 0 "$ROOT/common" "$ROOT/ddp_train" "$ROOT/hvd_train" "$ROOT/benchmarks" >/dev/null \
+    || die "compiling the project's modules failed"
 log "ready: source .venv/bin/activate"
