@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest  # noqa: E402
 
 from cluster import cluster  # noqa: E402,F401  (the simulated two-host cluster, one per session)
-from launched import PY, Runs  # noqa: E402
+from launched import COMPARE, Runs  # noqa: E402
 from settings import ACROSS_HOSTS, DEMO  # noqa: E402
 from common.rundir.names import SUMMARY_FILE  # noqa: E402
 
@@ -35,7 +35,7 @@ def demo(runs):
     folder, what it printed, its summary). Made once per session beside the shared runs (Runs.once). test_compare reads
     the whole matrix, test_verdicts its 3-rank cell and noise floor, test_parity its DDP run at 2 ranks."""
     out = runs.root / "demo"
-    result = runs.once("demo", [PY, "-m", "common.compare", "--out", str(out), "--repeats", "1", *DEMO], timeout=900)
+    result = runs.once("demo", [*COMPARE, "--out", str(out), "--repeats", "1", *DEMO], timeout=900)
     assert result.returncode == 0, result.output[-3000:]
     return out, result.output, json.loads((out / SUMMARY_FILE).read_text())
 
@@ -45,7 +45,7 @@ def across_hosts(cluster, tmp_path_factory):
     """One comparison started on node0 across both hosts at world size 4: DDP and Horovod (Gloo and MPI).
     test_compare_hosts reads the comparison, test_multinode the runs it launched: (result, out, summary)."""
     out = tmp_path_factory.mktemp("across-hosts")
-    result = cluster.run("node0", [PY, "-m", "common.compare", "--hosts", "node0:2,node1:2", "--np", "4",
+    result = cluster.run("node0", [*COMPARE, "--hosts", "node0:2,node1:2", "--np", "4",
                                    "--repeats", "1", "--hvd-controllers", "gloo,mpi", "--explain", "none",
                                    "--floor-runs", "1", *ACROSS_HOSTS, "--out", str(out)], timeout=400)
     assert result.returncode == 0, result.output[-4000:]

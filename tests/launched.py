@@ -63,6 +63,16 @@ def run_cmd(cmd: List[str], timeout: float = 240, env: Optional[Dict[str, str]] 
     return Result(**vars(result))
 
 
+#: `python -m common.compare` as a command line, for a comparison that launches runs (in a process of its own, as a
+#: user starts it; a host of the simulated cluster starts it the same way)
+COMPARE = [PY, "-m", "common.compare"]
+
+
+def compare(*args, timeout: float = 600, env: Optional[Dict[str, str]] = None, cwd: Path = REPO) -> Result:
+    """`python -m common.compare ARGS` in a process of its own, from `cwd`: a comparison that launches runs."""
+    return run_cmd([*COMPARE, *map(str, args)], timeout=timeout, env=env, cwd=cwd)
+
+
 @dataclass
 class Compared:
     """What a comparison run in this process returned and printed."""

@@ -12,17 +12,13 @@ import stat
 import pytest
 from PIL import Image
 
-from launched import PY, compare_in_process, max_abs_diff, read_run, run_cmd
+from launched import compare, compare_in_process, max_abs_diff, read_run
 from settings import ADAM_LR, convnet_run, mlp_run
 from common.compare.floor import DEFAULT_FLOOR_RUNS
 from common.rundir.names import SUMMARY_FILE
 
 PLOTS = ("curves.png", "throughput.png", "scaling_efficiency.png", "time_split.png", "parity.png")
 SHORT = ["--model", "mlp", "--epochs", "2", "--max-steps", "12", "--threads", "1"]
-
-
-def compare(*args, timeout=600, env=None):
-    return run_cmd([PY, "-m", "common.compare", *map(str, args)], timeout=timeout, env=env)
 
 
 def assert_real_image(path):

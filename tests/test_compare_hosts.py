@@ -17,14 +17,13 @@ import pytest
 
 from cluster import on_host
 from common.launch import Job
-from launched import PY, REPO, job_env, read_run, run_cmd
+from launched import COMPARE, PY, REPO, compare_in_process, job_env, read_run, run_cmd
 from processes import assert_nothing_left, job_processes
 from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
 pytestmark = pytest.mark.multinode
 
 SHORT = ["--model", "mlp", "--threads", "1"]
-COMPARE = [PY, "-m", "common.compare"]
 
 
 def compare_on_node0(cluster, args, out: Path, timeout: float = 400, cwd: Path = REPO):
@@ -158,7 +157,7 @@ def test_readme_two_node_commands_train_equal_at_world_size_8_with_the_cause_mea
     for path in dirs.values():
         assert sorted(set(read_run(path)["config"]["rank_hosts"])) == ["node0", "node1"]
     out = tmp_path / "report"
-    result = run_cmd([*COMPARE, "--runs", *map(str, dirs.values()), "--out", str(out)], timeout=180)
+    result = compare_in_process("--runs", *dirs.values(), "--out", out)
     assert result.returncode == 0, result.output[-3000:]
     summary = json.loads((out / SUMMARY_FILE).read_text())
     pair, = [p for p in summary["parity"] if p["kind"] == "backends"]

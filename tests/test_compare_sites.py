@@ -9,11 +9,10 @@ import os
 
 import pytest
 
-from launched import PY, REPO, compare_in_process, run_cmd
+from launched import COMPARE, REPO, compare_in_process, run_cmd
 from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
 SHIM = REPO / "tests" / "slurm_shim"
-COMPARE = [PY, "-m", "common.compare"]
 ALLOCATION = {"SLURM_JOB_ID": "4343", "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1",
               "SLURM_NTASKS_PER_NODE": "3", "PATH": f"{SHIM}{os.pathsep}{os.environ['PATH']}"}
 

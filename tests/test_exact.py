@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from launched import PY, launch, read_run, run_cmd, step_losses
+from launched import PY, compare_in_process, launch, read_run, run_cmd, step_losses
 from settings import MLP_SGD, mlp_run
 from common.rundir.names import SUMMARY_FILE
 
@@ -109,7 +109,7 @@ def test_a_world_size_that_cannot_share_the_micro_batches_is_refused_on_every_ra
 
 def test_the_comparison_gives_the_world_size_verdict(runs, tmp_path):
     dirs = [runs(launcher, np, DROPOUT).dir for np, launcher in WORLD_SIZES["dropout"].items()]
-    result = run_cmd([PY, "-m", "common.compare", "--runs", *map(str, dirs), "--out", str(tmp_path)], timeout=180)
+    result = compare_in_process("--runs", *dirs, "--out", tmp_path)
     assert result.returncode == 0, result.output[-3000:]
     summary = json.loads((tmp_path / SUMMARY_FILE).read_text())
     (verdict,) = summary["world_sizes"]

@@ -4,12 +4,11 @@ and the comparison layer accepts them."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from launched import PY, REPO, command_on_hosts, max_abs_diff, read_run, step_losses
+from launched import command_on_hosts, compare_in_process, max_abs_diff, read_run, step_losses
 from settings import ACROSS_HOSTS, TWO_RANK
 from common.rundir.names import SUMMARY_FILE
 
@@ -71,9 +70,8 @@ def test_compare_accepts_two_host_runs(runs, tmp_path):
     _, _, ddp_dir = runs("torchrun")
     _, _, hvd_dir = runs("horovodrun-gloo")
     out = tmp_path / "report"
-    proc = subprocess.run([PY, "-m", "common.compare", "--runs", str(ddp_dir), str(hvd_dir), "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = compare_in_process("--runs", ddp_dir, hvd_dir, "--out", out)
+    assert result.returncode == 0, result.output[-3000:]
     report = (out / "report.md").read_text()
     assert "node1" in report, "the report's reproduction section names the hosts"
     assert (out / SUMMARY_FILE).exists()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from common.launch import Job as LaunchedJob
-from launched import PY, assert_every_rank_exited, command, compare_in_process, job_env, read_run, run_cmd
+from launched import assert_every_rank_exited, command, compare, compare_in_process, job_env, read_run, run_cmd
 from common.rundir.names import SUMMARY_FILE
 
 TOKENS = '''
@@ -139,9 +139,10 @@ def folder(tmp_path_factory) -> Path:
     return path
 
 
-def compare(folder: Path, out: Path, *args: str):
-    result = run_cmd([PY, "-m", "common.compare", "--out", str(out), "--np", "2", "--hvd-controllers", "gloo",
-                      "--repeats", "1", *args], timeout=400, cwd=folder)
+def compared(folder: Path, out: Path, *args: str):
+    """A comparison at 2 ranks started from `folder` (where the user's modules are): (summary, the runs it read)."""
+    result = compare("--out", out, "--np", "2", "--hvd-controllers", "gloo", "--repeats", "1", *args, timeout=400,
+                     cwd=folder)
     assert result.returncode == 0, result.output[-4000:]
     summary = json.loads((out / SUMMARY_FILE).read_text())
     return summary, {run["name"]: read_run(run["path"]) for run in summary["runs"]}
@@ -150,7 +151,7 @@ def compare(folder: Path, out: Path, *args: str):
 @pytest.fixture(scope="module")
 def transformer_comparison(folder):
     """compare-backends on the user's transformer and token data: torchrun and horovodrun --gloo at 2 ranks."""
-    return compare(folder, folder / "cmp", *PLUGINS, *SHORT)
+    return compared(folder, folder / "cmp", *PLUGINS, *SHORT)
 
 
 def test_users_transformer_trains_bitwise_equal_under_torchrun_and_horovodrun(transformer_comparison, folder):
@@ -197,7 +198,7 @@ def test_runs_whose_factory_source_differs_are_not_compared(transformer_comparis
 
 
 def test_torchvision_model_on_synthetic_data_takes_its_natural_size_under_both_backends(folder, tmp_path):
-    summary, runs = compare(folder, tmp_path / "cmp", "--model", "torchvision:mobilenet_v3_small", "--dataset",
+    summary, runs = compared(folder, tmp_path / "cmp", "--model", "torchvision:mobilenet_v3_small", "--dataset",
                             "synthetic", "--synthetic-samples", "40", "--batch-size", "4", "--max-steps", "3",
                             "--threads", "1")
     assert set(runs) == {"ddp@2#1", "horovod-gloo@2#1"}

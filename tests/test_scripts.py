@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from common import launch as launch_layer
-from launched import PY, REPO, compare_in_process, run_cmd
+from launched import PY, REPO, compare, compare_in_process, run_cmd
 from common.rundir.names import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SUMMARY_FILE
 
 pytestmark = pytest.mark.timeout(900)
@@ -78,10 +78,6 @@ def folder(tmp_path_factory) -> Path:
     return here
 
 
-def compare_here(folder: Path, *args, timeout=600):
-    return run_cmd([PY, "-m", "common.compare", *map(str, args)], timeout=timeout, cwd=folder)
-
-
 def probed(launcher: str, np: int, run_dir: Path, script: str, probe_args=()):
     """The command that runs `script` under the probe through `launcher`, as the comparison starts it."""
     return launch_layer.get(launcher).command(np, ["--run-dir", str(run_dir), *probe_args, script, *SCRIPT_ARGS],
@@ -107,9 +103,8 @@ def faithful(folder):
     before)."""
     before = {p.name: sha256(p) for p in folder.iterdir() if p.is_file()}
     out = folder / "compare"
-    result = compare_here(folder, "--scripts", "train_horovod.py", "train_ddp.py", "--np", "2,3",
-                          "--hvd-controllers", "gloo", "--repeats", "1", "--floor-runs", FLOOR_RUNS, "--out", out,
-                          "--", *SCRIPT_ARGS)
+    result = compare("--scripts", "train_horovod.py", "train_ddp.py", "--np", "2,3", "--hvd-controllers", "gloo",
+                     "--repeats", "1", "--floor-runs", FLOOR_RUNS, "--out", out, "--", *SCRIPT_ARGS, cwd=folder)
     assert result.returncode == 0, result.output[-4000:]
     return json.loads((out / SUMMARY_FILE).read_text()), out, before
 
