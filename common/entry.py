@@ -10,6 +10,7 @@ from typing import Callable, NoReturn, Optional, Sequence, Tuple
 
 from .config import parse_config
 from .faults import sigterm_hold
+from .launch.startup import pause_collector
 
 
 def main(argv: Optional[Sequence[str]], prog: str, description: str,
@@ -19,6 +20,7 @@ def main(argv: Optional[Sequence[str]], prog: str, description: str,
     data and the model in Trainer.prepare), so every rank names bad input itself."""
     sigterm_hold.hold()
     config = parse_config(argv, prog=prog, description=description)  # bad options: fail_usage exits 2
+    pause_collector()  # until the trainer has built the job (Trainer.run)
     from common.loop.trainer import run
 
     backend, fit = start()

@@ -28,7 +28,7 @@ ALLOWED = {
     "common.compare": {"common.config", "common.doctor", "common.errors", "common.launch", "common.rundir"},
     "common.probe": {"common.checkpoints", "common.errors", "common.inputs", "common.launch", "common.loop",
                      "common.rundir"},
-    "common.entry": {"common.config", "common.faults", "common.loop"},
+    "common.entry": {"common.config", "common.faults", "common.launch", "common.loop"},
     "ddp_train": {"common.config", "common.entry", "common.errors", "common.launch", "common.loop"},
     "hvd_train": {"common.checkpoints", "common.config", "common.doctor", "common.entry", "common.errors",
                   "common.launch", "common.loop"},

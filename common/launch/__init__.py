@@ -6,7 +6,8 @@ may use it:
 - registry: `Launcher`, `get(name)`, `launchers()`, `host_launchers()`, `find(backend, controller)`;
 - jobs: `Job` (own process group, captured output, time limit, teardown), `run`, `job_env`;
 - placement: `detect()` -> `Placement` (launcher, rank, world size, local rank and size), `rank_hint`,
-  `default_threads`.
+  `default_threads`;
+- startup: `pause_collector`, `resume_collector`: a process's start-up without the garbage collector's scans.
 """
 
 from .jobs import Job, JobTimeout, Result, job_env, run, runs_module, still_running

@@ -17,6 +17,7 @@ from common.faults import sigterm_hold
 from common.faults.stopping import Interrupted, StopControl
 from common.inputs.models import gradient_bytes
 from common.inputs.opening import Inputs, open_inputs
+from common.launch.startup import resume_collector
 from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 from common.rundir.records import RunOutcome, RunSetup, config_record, summary_record
 from common.rundir.writer import RunDir
@@ -70,6 +71,7 @@ class Trainer:
         self.prepare()
         try:
             self.setup()
+            resume_collector()  # start-up is over (common.entry paused the collector for it)
             return fit(self) if fit is not None else self.fit()
         except (ckpt_io.CheckpointError, UsageError) as exc:
             fail_usage(self.prog, str(exc))

@@ -23,6 +23,7 @@ from typing import List, NoReturn, Optional
 
 from ..errors import print_error
 from ..launch.placement import detect
+from ..launch.startup import pause_collector, resume_collector
 
 PROG = "probe"
 
@@ -53,11 +54,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     if not os.path.isfile(script):
         refuse(f"{script}: no such file; give the training script's path from this folder")
     placement = detect()
+    pause_collector()  # the probe's own start-up; the script runs with the collector as python gives it
     from .session import Session  # imports torch: after the arguments are known to be good
 
     session = Session(os.path.abspath(args.run_dir), script, list(args.args), placement, args.perturb_ulp,
                       args.perturb_pattern, refuse)
     session.start()
+    resume_collector()
     atexit.register(session.finish)
     sys.argv = [script, *args.args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))

@@ -1,0 +1,70 @@
+"""Start-up without the garbage collector's scans (common.launch.startup): a rank trains with the collector on and
+what its start-up built frozen out of it; a user's script under the probe starts with the collector as python
+gives it."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from launched import PY, command, job_env, read_run, run_cmd
+
+#: a model whose every forward pass records the collector's state; the last one is in training, after start-up
+RECORDING_MODEL = '''
+    import gc
+    import json
+    import os
+
+    from torch import nn
+
+
+    class Recording(nn.Linear):
+        def forward(self, x):
+            with open(os.environ["GC_STATE"], "w") as f:
+                json.dump({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}, f)
+            return super().forward(x.flatten(1))
+
+
+    def build(num_classes, channels, image_size, **_):
+        return Recording(channels * image_size * image_size, num_classes)
+'''
+#: a user's script that records the collector's state as its first act, then trains two steps
+RECORDING_SCRIPT = '''
+    import gc
+    import json
+    import sys
+
+    import torch
+
+    state = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.ones(3, 4)).sum().backward()
+        optimizer.step()
+    with open(sys.argv[1], "w") as f:
+        json.dump(state, f)
+'''
+#: fewer objects than importing torch alone makes (about half a million)
+STARTUP_OBJECTS = 100_000
+
+
+def test_a_rank_trains_with_the_collector_on_and_its_start_up_frozen(tmp_path):
+    (tmp_path / "recording.py").write_text(textwrap.dedent(RECORDING_MODEL))
+    state = tmp_path / "gc.json"
+    run_cmd(command("none-ddp", 1, ["--model", "recording:build", "--max-steps", "2", "--run-dir",
+                                    str(tmp_path / "run")]),
+            env=job_env({"GC_STATE": str(state)}), cwd=tmp_path, timeout=120).check()
+    recorded = json.loads(state.read_text())
+    assert recorded["enabled"] is True, "the collector stays paused after start-up"
+    assert recorded["frozen"] > STARTUP_OBJECTS, recorded
+
+
+def test_a_probed_script_starts_with_the_collector_on(tmp_path):
+    (tmp_path / "train.py").write_text(textwrap.dedent(RECORDING_SCRIPT))
+    state = tmp_path / "gc.json"
+    run_cmd([PY, "-m", "common.probe", "--run-dir", str(tmp_path / "run"), "train.py", str(state)],
+            cwd=tmp_path, timeout=120).check()
+    assert json.loads(state.read_text())["enabled"] is True
+    assert read_run(tmp_path / "run")["summary"]["steps"] == 2
