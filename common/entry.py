@@ -10,7 +10,7 @@ from typing import Callable, NoReturn, Optional, Sequence, Tuple
 
 from .config import parse_config
 from .faults import sigterm_hold
-from .launch.startup import pause_collector
+from .launch.startup import pause_collector, resume_collector
 
 
 def main(argv: Optional[Sequence[str]], prog: str, description: str,
@@ -20,10 +20,11 @@ def main(argv: Optional[Sequence[str]], prog: str, description: str,
     data and the model in Trainer.prepare), so every rank names bad input itself."""
     sigterm_hold.hold()
     config = parse_config(argv, prog=prog, description=description)  # bad options: fail_usage exits 2
-    pause_collector()  # until the trainer has built the job (Trainer.run)
+    pause_collector()  # while torch, the loop and the backend are imported; not while the user's data loads
     from common.loop.trainer import run
 
     backend, fit = start()
+    resume_collector()
     try:
         code = run(config, backend, prog=prog, fit=fit)
     except SystemExit as refused:  # input refused once the backend was up (fail_usage): leave the same way

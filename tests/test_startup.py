@@ -1,6 +1,6 @@
-"""Start-up without the garbage collector's scans (common.launch.startup): a rank trains with the collector on and
-what its start-up built frozen out of it; a user's script under the probe starts with the collector as python
-gives it."""
+"""Start-up without the garbage collector's scans (common.launch.startup): a rank builds the user's model and trains
+with the collector on, and what its imports made frozen out of it; a user's script under the probe starts with the
+collector as python gives it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import textwrap
 
 from launched import PY, command, job_env, read_run, run_cmd
 
-#: a model whose every forward pass records the collector's state; the last one is in training, after start-up
+#: a model whose factory records the collector's state, and so does its every forward pass: the last one is in
+#: training, after start-up
 RECORDING_MODEL = '''
     import gc
     import json
@@ -26,6 +27,8 @@ RECORDING_MODEL = '''
 
 
     def build(num_classes, channels, image_size, **_):
+        with open(os.environ["GC_STATE"] + ".build", "w") as f:
+            json.dump({"enabled": gc.isenabled()}, f)
         return Recording(channels * image_size * image_size, num_classes)
 '''
 #: a user's script that records the collector's state as its first act, then trains two steps
@@ -50,14 +53,16 @@ RECORDING_SCRIPT = '''
 STARTUP_OBJECTS = 100_000
 
 
-def test_a_rank_trains_with_the_collector_on_and_its_start_up_frozen(tmp_path):
+def test_a_rank_builds_the_model_and_trains_with_the_collector_on_and_its_imports_frozen(tmp_path):
     (tmp_path / "recording.py").write_text(textwrap.dedent(RECORDING_MODEL))
     state = tmp_path / "gc.json"
     run_cmd(command("none-ddp", 1, ["--model", "recording:build", "--max-steps", "2", "--run-dir",
                                     str(tmp_path / "run")]),
             env=job_env({"GC_STATE": str(state)}), cwd=tmp_path, timeout=120).check()
+    assert json.loads((tmp_path / "gc.json.build").read_text())["enabled"] is True, "the user's model was built " \
+        "with the collector paused: its cycles would be frozen for good"
     recorded = json.loads(state.read_text())
-    assert recorded["enabled"] is True, "the collector stays paused after start-up"
+    assert recorded["enabled"] is True, "the collector stays paused in training"
     assert recorded["frozen"] > STARTUP_OBJECTS, recorded
 
 

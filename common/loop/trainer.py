@@ -7,6 +7,8 @@ import signal
 from typing import Callable, Dict, Optional
 
 import torch
+import torch._dynamo  # noqa: F401 - torch.optim imports it with the first optimizer; here it comes in with the
+# other imports of a rank's start-up, while the garbage collector sleeps (common.entry, common.launch.startup)
 
 from common.checkpoints import format as ckpt_io
 from common.checkpoints.during_run import Checkpointer, run_settings
@@ -17,7 +19,6 @@ from common.faults import sigterm_hold
 from common.faults.stopping import Interrupted, StopControl
 from common.inputs.models import gradient_bytes
 from common.inputs.opening import Inputs, open_inputs
-from common.launch.startup import resume_collector
 from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 from common.rundir.records import RunOutcome, RunSetup, config_record, summary_record
 from common.rundir.writer import RunDir
@@ -71,7 +72,6 @@ class Trainer:
         self.prepare()
         try:
             self.setup()
-            resume_collector()  # start-up is over (common.entry paused the collector for it)
             return fit(self) if fit is not None else self.fit()
         except (ckpt_io.CheckpointError, UsageError) as exc:
             fail_usage(self.prog, str(exc))
