@@ -1,6 +1,6 @@
-"""Start-up without the garbage collector's scans (common.launch.startup): a rank builds the user's model and trains
-with the collector on, and what its imports made frozen out of it; a user's script under the probe starts with the
-collector as python gives it."""
+"""Start-up without the garbage collector's scans (common.launch.startup): a rank imports torch without a full
+collection, then builds the user's model and trains with the collector on and what its imports made frozen out of
+it; a user's script under the probe starts the same way, with the collector as python gives it."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ RECORDING_MODEL = '''
 
     def build(num_classes, channels, image_size, **_):
         with open(os.environ["GC_STATE"] + ".build", "w") as f:
-            json.dump({"enabled": gc.isenabled()}, f)
+            json.dump({"enabled": gc.isenabled(), "full_collections": gc.get_stats()[2]["collections"]}, f)
         return Recording(channels * image_size * image_size, num_classes)
 '''
 #: a user's script that records the collector's state as its first act, then trains two steps
@@ -39,7 +39,8 @@ RECORDING_SCRIPT = '''
 
     import torch
 
-    state = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
+    state = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
+             "full_collections": gc.get_stats()[2]["collections"]}
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(2):
@@ -51,6 +52,8 @@ RECORDING_SCRIPT = '''
 '''
 #: fewer objects than importing torch alone makes (about half a million)
 STARTUP_OBJECTS = 100_000
+#: full collections before the user's code runs: none with the collector paused, 5 when it scans the imports
+FULL_COLLECTIONS = 1
 
 
 def test_a_rank_builds_the_model_and_trains_with_the_collector_on_and_its_imports_frozen(tmp_path):
@@ -59,8 +62,10 @@ def test_a_rank_builds_the_model_and_trains_with_the_collector_on_and_its_import
     run_cmd(command("none-ddp", 1, ["--model", "recording:build", "--max-steps", "2", "--run-dir",
                                     str(tmp_path / "run")]),
             env=job_env({"GC_STATE": str(state)}), cwd=tmp_path, timeout=120).check()
-    assert json.loads((tmp_path / "gc.json.build").read_text())["enabled"] is True, "the user's model was built " \
-        "with the collector paused: its cycles would be frozen for good"
+    built = json.loads((tmp_path / "gc.json.build").read_text())
+    assert built["enabled"] is True, "the user's model was built with the collector paused: its cycles would be " \
+        "frozen for good"
+    assert built["full_collections"] <= FULL_COLLECTIONS, built
     recorded = json.loads(state.read_text())
     assert recorded["enabled"] is True, "the collector stays paused in training"
     assert recorded["frozen"] > STARTUP_OBJECTS, recorded
@@ -71,5 +76,7 @@ def test_a_probed_script_starts_with_the_collector_on(tmp_path):
     state = tmp_path / "gc.json"
     run_cmd([PY, "-m", "common.probe", "--run-dir", str(tmp_path / "run"), "train.py", str(state)],
             cwd=tmp_path, timeout=120).check()
-    assert json.loads(state.read_text())["enabled"] is True
+    recorded = json.loads(state.read_text())
+    assert recorded["enabled"] is True, recorded
+    assert recorded["frozen"] > STARTUP_OBJECTS and recorded["full_collections"] <= FULL_COLLECTIONS, recorded
     assert read_run(tmp_path / "run")["summary"]["steps"] == 2
