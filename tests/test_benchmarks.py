@@ -401,6 +401,22 @@ def test_csv_values_are_checked_with_a_message_naming_the_fix():
             parse(text)
 
 
+def test_writing_results_leaves_the_recorded_revision_clean_and_a_code_change_does_not(tmp_path):
+    # A benchmark run writes its results into the checkout; its later steps must record the same revision.
+    clone = tmp_path / "clone"
+    assert run_cmd(["git", "clone", "-q", str(REPO), str(clone)]).returncode == 0
+    revision = [PY, "-c", "from common.rundir.records import git_revision; print(git_revision())"]
+    head = run_cmd(["git", "-C", str(clone), "rev-parse", "HEAD"]).output.strip()
+    assert run_cmd(revision, cwd=clone).output.split()[-1] == head
+    for result in ("benchmarks/results/allreduce.json", "BENCHMARKS.md"):
+        with open(clone / result, "a") as f:
+            f.write("\n")
+    assert run_cmd(revision, cwd=clone).output.split()[-1] == head
+    with open(clone / "common" / "loop" / "trainer.py", "a") as f:
+        f.write("\n")
+    assert run_cmd(revision, cwd=clone).output.split()[-1] == head + "-dirty"
+
+
 def test_run_all_is_executable_and_honours_its_variables():
     text = RUN_ALL.read_text()
     assert os.access(RUN_ALL, os.X_OK)

@@ -46,12 +46,19 @@ def versions() -> Dict[str, Optional[str]]:
     return found
 
 
+#: tracked paths whose changes do not make the code differ from its commit
+NOT_CODE = ("benchmarks/results", "BENCHMARKS.md")
+
+
 def git_revision() -> Optional[str]:
-    """The project's git commit, with -dirty when tracked files changed; None outside a checkout."""
+    """The project's git commit, with -dirty when tracked files changed; None outside a checkout. Benchmark
+    results and the document rendered from them are not code: writing them leaves the revision clean, so the
+    later steps of a benchmark run record the same revision as the first."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         rev = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no", "--",
+                                ":(top)", *(f":(top,exclude){path}" for path in NOT_CODE)],
                                capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return None
