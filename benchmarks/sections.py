@@ -15,6 +15,7 @@ from common.compare.floor import DEFAULT_FLOOR_RUNS as DEFAULT_RUNS
 from .allreduce_tables import allreduce_algorithms, allreduce_limit, allreduce_table
 from .formatting import failures, framed, met, ms, rounded, spread_cell, when
 from .result_files import MISSING_FILE, Results
+from .stale import run_all_steps, status
 from .targets import target, targets
 from .throughput_tables import data_wait_table, sweep_table, throughput_table
 
@@ -44,13 +45,17 @@ def machines(results: Results) -> str:
         which = "every result below" if len(described) == 1 else ", ".join(f"`{n}`" for n in names)
         lines.append(f"- {line} ({which}).")
     rows = []
+    steps = run_all_steps()
     for name in files:
         r = results.get(name)
+        revision = (r["machine"].get("versions") or {}).get("project_git")
+        now = status(name, r, steps)
         rows.append([f"`{results.path(name)}`", when(r), (r.get("load_before") or {}).get("1m", tables.MISSING),
                      "yes" if r.get("under_load") else "no",
-                     ((r["machine"].get("versions") or {}).get("project_git") or tables.MISSING)[:12]])
+                     revision[:12] + ("-dirty" if revision.endswith("-dirty") else "") if revision else tables.MISSING,
+                     "yes" if now.current else f"no: {now.reason}"])
     return "\n".join(lines) + "\n\n" + tables.markdown(
-        ["result", "measured (UTC)", "1-minute load before", "under_load", "git revision"], rows)
+        ["result", "measured (UTC)", "1-minute load before", "under_load", "git revision", "current"], rows)
 
 
 # ---- loop overhead, comm hook, Horovod's cycle ----
@@ -191,7 +196,6 @@ def verdicts_sentence(results: Results, name: str) -> str:
     result = results.get(name)
     if result is None:
         return MISSING_FILE.format(path=results.path(name))
-    st = result["settings"]
     at = {(g["floor_runs"], g["margin"]): g for g in result["grid"]}
     default = at[(DEFAULT_RUNS, DEFAULT_MARGIN)]
     key = f"{DEFAULT_RUNS}@{DEFAULT_MARGIN:g}"

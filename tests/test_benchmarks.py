@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from launched import PY, REPO, compare_in_process, run_cmd
+from benchmarks.stale import run_all_steps
 from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
 # The first test's setup is the QUICK run of every step, which takes minutes while another worker runs too.
@@ -53,15 +53,7 @@ def assert_machine(data):
 
 def run_all_writes(mode: str) -> set:
     """The result files (relative to OUT) that the steps of one mode of run_all.sh write."""
-    text = RUN_ALL.read_text().replace("\\\n", " ")
-    quick, full = text.split('if [[ "${QUICK:-0}" == 1 ]]; then', 1)[1].split("\nelse\n", 1)
-    block = quick if mode == "quick" else full.split("\nfi\n", 1)[0]
-    files = set()
-    for line in block.splitlines():
-        step = re.search(r'-m benchmarks\.(\w+)\b.*--out "\$OUT(/[^"]*)?"', line)
-        if step:
-            files.add(f"{(step[2] or '').strip('/')}/{WRITES[step[1]]}".lstrip("/"))
-    return files
+    return set(run_all_steps(mode))
 
 
 @pytest.fixture(scope="module")
@@ -417,10 +409,68 @@ def test_writing_results_leaves_the_recorded_revision_clean_and_a_code_change_do
     assert run_cmd(revision, cwd=clone).output.split()[-1] == head + "-dirty"
 
 
+def test_named_steps_run_alone_and_an_unknown_name_is_refused(tmp_path):
+    env = {"QUICK": "1", "OUT": str(tmp_path), "WORK": str(tmp_path / "work"), "PYTHON": PY}
+    refused = run_cmd(["bash", str(RUN_ALL), "loop_overhead.json", "nothing.json"], env=env, timeout=60)
+    assert refused.returncode == 2 and not any(tmp_path.iterdir()), refused.output
+    (line,) = refused.output.strip().splitlines()
+    assert "error: no step writes nothing.json" in line and "scaling-1thread/throughput.json" in line, line
+    result = run_cmd(["bash", str(RUN_ALL), "loop_overhead.json"], env=env, timeout=300)
+    assert result.returncode == 0, result.output[-3000:]
+    assert [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.json")] == ["loop_overhead.json"]
+    assert "report in" not in result.output  # named steps skip the comparison report unless REPORT=1
+
+
+def test_stale_says_which_results_to_measure_again_and_why(tmp_path):
+    clone = tmp_path / "clone"
+    assert run_cmd(["git", "clone", "-q", str(REPO), str(clone)]).returncode == 0
+    head = run_cmd(["git", "-C", str(clone), "rev-parse", "HEAD"]).output.strip()
+    steps, results = run_all_steps(), tmp_path / "results"
+    for name, revision, command in (("throughput.json", head, steps["throughput.json"]),
+                                    ("stop_latency.json", head, steps["stop_latency.json"]),
+                                    ("exact_cost.json", head, steps["exact_cost.json"] + " --steps 1"),
+                                    ("verdicts.json", head + "-dirty", steps["verdicts.json"])):
+        (results / name).parent.mkdir(parents=True, exist_ok=True)
+        (results / name).write_text(json.dumps({"benchmark": Path(name).stem, "command": command,
+                                                "machine": {"versions": {"project_git": revision}}}))
+    stale = [PY, "-m", "benchmarks.stale", "--results", str(results)]
+
+    def said() -> dict:
+        out = run_cmd(stale, cwd=clone)
+        assert out.returncode == 0, out.output
+        return dict(line.split(": ", 1) for line in out.output.splitlines() if ".json: " in line)
+
+    now = said()
+    assert now["throughput.json"].startswith("current") and now["stop_latency.json"].startswith("current")
+    assert now["exact_cost.json"].startswith("stale, its step in run_all.sh runs another command now")
+    assert now["verdicts.json"].startswith("stale, it was measured on uncommitted code")
+    assert now["probe_cost.json"] == "stale, not measured yet"
+    # Prose changes nothing; a benchmark's script makes its results stale; the training makes every one stale.
+    (clone / "README.md").write_text("changed\n")
+    assert said()["throughput.json"].startswith("current")
+    for changed in ("benchmarks/throughput.py", "common/loop/trainer.py"):
+        with open(clone / changed, "a") as f:
+            f.write("\n")
+        now = said()
+        assert now["throughput.json"].startswith("stale, changed since: benchmarks/throughput.py"), now
+        assert now["stop_latency.json"].startswith("current" if changed.startswith("benchmarks") else
+                                                   f"stale, changed since: {changed}"), now
+    names = run_cmd([*stale, "--names"], cwd=clone).output.split()
+    assert {"throughput.json", "stop_latency.json", "probe_cost.json"} <= set(names)
+
+
+def test_settle_waits_for_the_load_to_fall_and_gives_up_at_its_limit():
+    from benchmarks.settle import settle
+
+    loads = iter([{"1m": 9.0}, {"1m": 9.0}, {"1m": 0.0}])
+    assert settle(5.0, poll_s=0.01, read_load=lambda: next(loads)) < 1.0 and next(loads, None) is None
+    assert 0.2 <= settle(0.2, poll_s=0.01, read_load=lambda: {"1m": 9.0}) < 2.0
+
+
 def test_run_all_is_executable_and_honours_its_variables():
     text = RUN_ALL.read_text()
     assert os.access(RUN_ALL, os.X_OK)
-    for variable in ("QUICK", "OUT", "WORK", "REPORT", "PYTHON"):
+    for variable in ("QUICK", "OUT", "WORK", "REPORT", "PYTHON", "SETTLE_S"):
         assert "${" + variable in text
 
 
