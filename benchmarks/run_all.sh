@@ -2,7 +2,7 @@
 # Refresh the benchmark results in benchmarks/results/ (JSON + PNG), then the comparison report with its
 # benchmark section. Run on a quiet machine: anything else running disturbs the numbers (each JSON records
 # the load average it started under, and each full step first waits, up to SETTLE_S seconds (300), for the
-# load the previous step left to fall to a quarter of the cores). Then `python -m benchmarks.render`
+# load the previous step left to fall to an eighth of the cores). Then `python -m benchmarks.render`
 # rebuilds BENCHMARKS.md from the new results.
 #
 #   benchmarks/run_all.sh                    # the full set (a few hours on 2 cores)
