@@ -218,7 +218,8 @@ def verdicts_sentence(results: Results, name: str) -> str:
     if one is not None and DEFAULT_RUNS != 1:
         alarms = [c for c in same if c["name"] in one["false_alarms"]]
         one_key = f"1@{DEFAULT_MARGIN:g}"
-        shown = "".join(f" ({c['name']}, {ratio(c, one_key):,.0f}x its band)" for c in alarms)
+        shown = (" (" + "; ".join(f"{c['name']}, {ratio(c, one_key):,.0f}x its band" for c in alarms) + ")"
+                 if alarms else "")
         text += (f". One disturbed run gives {len(one['false_alarms'])} false alarm"
                  f"{'s' if len(one['false_alarms']) != 1 else ''}{shown} and {len(one['misses'])} miss"
                  f"{'es' if len(one['misses']) != 1 else ''}")
