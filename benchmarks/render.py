@@ -22,9 +22,9 @@ from common.errors import print_error
 
 from .machine import REPO
 from .sections import BLOCKS, Results
+from .stale import RESULTS
 
 TEMPLATE = REPO / "benchmarks" / "BENCHMARKS.template.md"
-RESULTS = REPO / "benchmarks" / "results"
 DOCUMENT = REPO / "BENCHMARKS.md"
 PLACEHOLDER = re.compile(r"\{\{(?P<call>[^{}]+)\}\}")
 

@@ -37,7 +37,7 @@ TRAINING = ("ddp_train", "hvd_train")
 #: how the environment is built: the pins and the Horovod build
 SET_UP = ("pyproject.toml", "scripts/setup.sh", "scripts/build_horovod.sh")
 #: a project module named in a string (started with -m, or as a job's module); its package's __main__ runs then
-STARTED_MODULE = re.compile(r"""["'](?:-m )?((?:benchmarks|common|ddp_train|hvd_train)(?:\.\w+)*)\b""")
+STARTED_MODULE = re.compile(r"""["'](?:-m )?((?:%s)(?:\.\w+)*)\b""" % "|".join(PACKAGES))
 
 
 @dataclass(frozen=True)
