@@ -2,9 +2,10 @@
 # Build a Horovod wheel from its PyPI source against the torch in the given interpreter.
 #   build_horovod.sh PYTHON VERSION {cpu|nccl} OUT_DIR
 # Horovod 0.28.1 (its last release) predates torch 2.14; the patches below are the minimum
-# that make it build, each explained where it is applied, and three for horovodrun: its rendezvous
+# that make it build, each explained where it is applied, and four for horovodrun: its rendezvous
 # listens on the address its workers use (loopback for a one-host job), a stopped job's workers get
-# the time torchrun gives them to finish a step and write a checkpoint, and a stopped job exits non-zero.
+# the time torchrun gives them to finish a step and write a checkpoint, a stopped job exits non-zero,
+# and it starts a job without first importing torch in a process of its own.
 set -euo pipefail
 PY="$1"; VERSION="$2"; FLAVOUR="$3"; OUT="$4"
 
@@ -28,26 +29,39 @@ sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$SRC/horovod/
 # loopback only. (The elastic driver starts its server before that address is known: unchanged.)
 "$PY" - "$SRC" <<'PYEOF'
 import pathlib, sys
-src = pathlib.Path(sys.argv[1]) / "horovod" / "runner"
+src = pathlib.Path(sys.argv[1]) / "horovod"
 edits = [
-    ("util/network.py", "def find_port(server_factory):", "def find_port(server_factory, host=''):"),
-    ("util/network.py", "addr = ('', port)", "addr = (host, port)"),
-    ("http/http_server.py", "def start(self, handler_cls=RendezvousHandler):",
+    ("runner/util/network.py", "def find_port(server_factory):", "def find_port(server_factory, host=''):"),
+    ("runner/util/network.py", "addr = ('', port)", "addr = (host, port)"),
+    ("runner/http/http_server.py", "def start(self, handler_cls=RendezvousHandler):",
      "def start(self, handler_cls=RendezvousHandler, host=''):"),
-    ("http/http_server.py", "addr, handler_cls, self._verbose))", "addr, handler_cls, self._verbose), host)"),
-    ("gloo_run.py", "global_rendezv_port = rendezvous.start()", "global_rendezv_port = rendezvous.start(host=server_ip)"),
+    ("runner/http/http_server.py", "addr, handler_cls, self._verbose))", "addr, handler_cls, self._verbose), host)"),
+    ("runner/gloo_run.py", "global_rendezv_port = rendezvous.start()", "global_rendezv_port = rendezvous.start(host=server_ip)"),
     # A stopped horovodrun (Ctrl-C, SIGTERM, a failed worker) sends its workers SIGTERM and kills them 5 s
     # later, less than one step of a large model; 30 s is torchrun's grace. HOROVOD_GRACEFUL_TERMINATION_TIME_S
     # sets another.
-    ("common/util/safe_shell_exec.py", "GRACEFUL_TERMINATION_TIME_S = 5",
+    ("runner/common/util/safe_shell_exec.py", "GRACEFUL_TERMINATION_TIME_S = 5",
      "GRACEFUL_TERMINATION_TIME_S = float(os.environ.get('HOROVOD_GRACEFUL_TERMINATION_TIME_S', '30'))"),
     # A worker stopped by horovodrun (Ctrl-C, SIGTERM, another worker failed) is waited for twice: by the thread
     # that stops it (psutil, which reaps it) and by its middleman, whose wait then finds no child and reports 0,
     # so horovodrun could exit 0 after a SIGTERM. A worker stopped that way reports the signal it was sent.
-    ("common/util/safe_shell_exec.py", "    exit_code = executor_shell.wait()\n",
+    ("runner/common/util/safe_shell_exec.py", "    exit_code = executor_shell.wait()\n",
      "    exit_code = executor_shell.wait()\n"
      "    if exit_code == 0 and exit_event.is_set():  # its status was reaped by the stopping thread\n"
      "        exit_code = -signal.SIGTERM\n"),
+    # Before it starts a job, horovodrun asks whether Horovod has Gloo (or MPI) by forking a process that imports
+    # the torch extension, and so torch: 1.5 CPU-s and 1.4 s on a 2-core machine, more than a short job's ranks
+    # take to start. This build compiles both into the extension or fails (HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1
+    # below), so where the extension is installed the answer is yes without asking.
+    ("common/util.py", "\n\ndef _cache(f):\n",
+     "\n\ndef _built_here():\n"
+     "    # the torch extension of this build, which has Gloo and MPI in it (scripts/build_horovod.sh)\n"
+     "    return os.path.exists(get_extension_full_path(os.path.dirname(__file__), 'torch', 'mpi_lib_v2'))\n"
+     "\n\ndef _cache(f):\n"),
+    ("common/util.py", "def mpi_built(verbose=False):\n",
+     "def mpi_built(verbose=False):\n    if _built_here():\n        return True\n"),
+    ("common/util.py", "def gloo_built(verbose=False):\n",
+     "def gloo_built(verbose=False):\n    if _built_here():\n        return True\n"),
 ]
 for name, old, new in edits:
     path = src / name

@@ -11,7 +11,7 @@ PY="$VENV/bin/python"
 HOROVOD_VERSION="0.28.1"
 # Raised whenever scripts/build_horovod.sh changes what it builds, so that a cached wheel of an older
 # build is not reused.
-BUILD_REVISION="4"
+BUILD_REVISION="5"
 CACHE_DIR="${HVD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-ddp-compare/wheels}"
 
 # pip here warns about every configured local index folder it cannot find; hide only those lines.
@@ -71,11 +71,14 @@ import horovod, horovod.torch as hvd
 import inspect
 from horovod.runner.util.network import find_port
 from horovod.runner.common.util import safe_shell_exec
+from horovod.common import util
 # build revision 2: horovodrun's rendezvous binds to the driver's address; 3: its workers get 30 s to stop;
-# 4: a stopped worker reports its signal (scripts/build_horovod.sh)
+# 4: a stopped worker reports its signal; 5: horovodrun knows what the build has without importing torch
+# (scripts/build_horovod.sh)
 source = inspect.getsource(safe_shell_exec)
 patched = "host" in inspect.signature(find_port).parameters and \
-    "HOROVOD_GRACEFUL_TERMINATION_TIME_S" in source and "reaped by the stopping thread" in source
+    "HOROVOD_GRACEFUL_TERMINATION_TIME_S" in source and "reaped by the stopping thread" in source and \
+    hasattr(util, "_built_here") and util._built_here()
 ok = horovod.__version__ == "0.28.1" and hvd.gloo_built() and hvd.mpi_built() and patched
 sys.exit(0 if ok else 1)
 PYEOF
