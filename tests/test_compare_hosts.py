@@ -58,7 +58,7 @@ def test_compare_runs_every_backend_across_both_hosts(across_hosts):
 def test_host_that_drops_off_fails_its_run_naming_it_and_the_others_complete(cluster, tmp_path):
     timeout_s = 20
     out = tmp_path / "out"
-    cmd = on_host("node0", [*COMPARE, "--hosts", "node0:2,node1:2", "--np", "4", "--backends", "ddp,horovod",
+    cmd = on_host("node0", [*COMPARE, "--hosts", "node0:1,node1:1", "--np", "2", "--backends", "ddp,horovod",
                             "--hvd-controllers", "gloo", "--repeats", "1", "--explain", "none", *SHORT,
                             "--max-steps", "60", "--log-every", "5", "--timeout", str(timeout_s), "--port", "29530",
                             "--out", str(out)])
@@ -68,10 +68,10 @@ def test_host_that_drops_off_fails_its_run_naming_it_and_the_others_complete(clu
     try:
         for line in proc.stdout:
             lines.append(line)
-            if link_down_at is None and re.search(r"ddp@4#1 epoch 1 step \d+", line):
+            if link_down_at is None and re.search(r"ddp@2#1 epoch 1 step \d+", line):
                 cluster.set_link("node1", up=False)  # node1 drops off the network mid-run
                 link_down_at = time.monotonic()
-            if link_down_at is not None and failed_after is None and "finished ddp@4#1" in line:
+            if link_down_at is not None and failed_after is None and "finished ddp@2#1" in line:
                 failed_after = time.monotonic() - link_down_at
                 cluster.set_link("node1", up=True)
         proc.wait(timeout=300)
@@ -87,18 +87,18 @@ def test_host_that_drops_off_fails_its_run_naming_it_and_the_others_complete(clu
     assert failed_after < timeout_s + 15, f"the run took {failed_after:.0f} s to fail after the link went down"
     summary = json.loads((out / SUMMARY_FILE).read_text())
     failure, = summary["failures"]
-    assert failure["name"] == "ddp@4#1"
+    assert failure["name"] == "ddp@2#1"
     assert re.search(r"ranks? [\d, ]+\(node1\) stopped taking part", failure["error"]), failure["error"]
-    assert [r["name"] for r in summary["runs"]] == ["horovod-gloo@4#1"], "the next run completes"
-    assert f"**FAILED** ddp@4#1: {failure['error']}" in (out / "report.md").read_text()
+    assert [r["name"] for r in summary["runs"]] == ["horovod-gloo@2#1"], "the next run completes"
+    assert f"**FAILED** ddp@2#1: {failure['error']}" in (out / "report.md").read_text()
 
 
 def test_ctrl_c_stops_the_run_on_every_host(cluster, tmp_path):
     out = tmp_path / "interrupted"
-    cmd = on_host("node0", [*COMPARE, "--hosts", "node0:2,node1:2", "--np", "4", "--backends", "ddp", "--repeats", "1",
+    cmd = on_host("node0", [*COMPARE, "--hosts", "node0:1,node1:1", "--np", "2", "--backends", "ddp", "--repeats", "1",
                             *SHORT, "--epochs", "100000", "--log-every", "5", "--port", "29550", "--out", str(out)])
     with Job(cmd, env=job_env(), cwd=REPO) as job:
-        assert job.wait_for(r"ddp@4#1 epoch 1 step \d+", timeout=120), job.output[-3000:]
+        assert job.wait_for(r"ddp@2#1 epoch 1 step \d+", timeout=120), job.output[-3000:]
         assert job_processes(str(out)), "ranks run on both hosts"
         job.send_signal(signal.SIGINT)
         assert job.wait(timeout=60) == 130, job.output[-3000:]
