@@ -13,7 +13,8 @@ same change made to DDP alone (its twin run), against undisturbed DDP, differs f
     python -m benchmarks.verdicts                    # the whole corpus (about 100 runs: 1 to 2 hours on 2 cores)
     python -m benchmarks.verdicts --quick            # two pairs at a tiny size: checks the pipeline
 
-Runs are kept in --work and reused when the script is run again. Writes DIR/verdicts.json and prints a table.
+Runs are kept in --work and reused when the script is run again at the same clean revision of the project (a run
+made by another revision trained with other code: it is launched again). Writes DIR/verdicts.json and prints a table.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +30,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from common import launch
 from common.compare import analysis, floor, tables, trajectory
-from common.rundir.names import LAUNCH_LOG, SUMMARY_FILE
+from common.rundir.names import CONFIG_FILE, LAUNCH_LOG, SUMMARY_FILE
 from common.rundir.reader import read_run
+from common.rundir.records import git_revision
 
 from .jobs import JobFailed, add_places, add_timeout, run_cli, run_job
 from .machine import Record, publish
@@ -120,23 +123,37 @@ QUICK = [Case("ddp-gloo", "same", QUICK_SETTING, GLOO, what="DDP vs Horovod/Gloo
          Case("lr+5%", "real", QUICK_SETTING, DDP, ("--lr", "0.0525"), what="learning rate 5% higher, on DDP")]
 
 
+def reusable(run_dir: Path, revision: Optional[str]) -> bool:
+    """Whether a run left in --work stands for a new launch: it is complete and was made by `revision`, the
+    project's clean revision now (a run of another revision, or of changes not committed, trained with other code)."""
+    if revision is None or revision.endswith("-dirty") or not (run_dir / SUMMARY_FILE).is_file():
+        return False
+    try:
+        made_by = json.loads((run_dir / CONFIG_FILE).read_text())["versions"]["project_git"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return made_by == revision
+
+
 class Runner:
     """Launches runs through the registered launchers, each once: a run directory in --work named by its
-    launcher, world size and options is reused when complete."""
+    launcher, world size and options is reused when complete and made by this revision (`reusable`)."""
 
     def __init__(self, work: Path, timeout_s: float) -> None:
         self.work, self.timeout_s = work, timeout_s
+        self.revision = git_revision()
         self.failures: List[Dict] = []
         self.launched = 0
 
     def run(self, launcher: str, np: int, args: Sequence[str]) -> Optional[Path]:
         digest = hashlib.sha256(json.dumps([launcher, np, list(args)]).encode()).hexdigest()[:12]
         run_dir = self.work / f"{launcher}-{np}-{digest}"
-        if (run_dir / SUMMARY_FILE).is_file():
+        if reusable(run_dir, self.revision):
             return run_dir
         cmd = launch.get(launcher).command(np, [*args, "--run-dir", str(run_dir)])
         print(f"verdicts: {' '.join(cmd)}", flush=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(run_dir, ignore_errors=True)  # what another revision left, or a run cut short
+        run_dir.mkdir(parents=True)
         try:
             run_job(cmd, run_dir / LAUNCH_LOG, self.timeout_s)
             self.launched += 1

@@ -518,6 +518,20 @@ def test_exact_cost_compares_both_modes_on_the_same_micro_batches_at_each_world_
 
 
 
+def test_verdicts_reuse_a_run_only_when_this_clean_revision_made_it(tmp_path):
+    """A run left in --work by another revision trained with other code: the corpus launches it again."""
+    from benchmarks.verdicts import reusable
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / CONFIG_FILE).write_text(json.dumps({"versions": {"project_git": "a" * 40}}))
+    assert not reusable(run, "a" * 40)  # no summary: cut short
+    (run / SUMMARY_FILE).write_text("{}")
+    assert reusable(run, "a" * 40)
+    assert not reusable(run, "b" * 40)
+    assert not reusable(run, "a" * 40 + "-dirty") and not reusable(run, None)
+
+
 def test_verdicts_judge_every_pair_of_the_corpus_at_every_floor_size(quick):
     out, _ = quick
     data = read(out, "verdicts.json")
