@@ -532,6 +532,26 @@ def test_verdicts_reuse_a_run_only_when_this_clean_revision_made_it(tmp_path):
     assert not reusable(run, "a" * 40 + "-dirty") and not reusable(run, None)
 
 
+def test_verdicts_runner_launches_again_what_another_revision_left(tmp_path):
+    """The corpus's Runner returns a run this revision made without launching it; a run another revision left
+    is deleted and launched again (here a launch that fails at once: an unknown model)."""
+    from benchmarks.verdicts import Runner
+
+    runner = Runner(tmp_path, timeout_s=60)
+    runner.revision = "a" * 40  # the suite may run in a checkout with changes: fix the revision it compares
+    args = ["--model", "no-such-model", "--threads", "1"]
+    assert runner.run("none-ddp", 1, args) is None and len(runner.failures) == 1
+    (run,) = tmp_path.iterdir()  # the run's directory, kept in --work
+    (run / SUMMARY_FILE).write_text("{}")
+    (run / CONFIG_FILE).write_text(json.dumps({"versions": {"project_git": "a" * 40}}))
+    assert runner.run("none-ddp", 1, args) == run and len(runner.failures) == 1  # reused: nothing launched
+
+    (run / CONFIG_FILE).write_text(json.dumps({"versions": {"project_git": "b" * 40}}))
+    assert runner.run("none-ddp", 1, args) is None  # launched again: the unknown model fails
+    assert len(runner.failures) == 2 and "no-such-model" in runner.failures[1]["error"]
+    assert not (run / SUMMARY_FILE).exists() and not (run / CONFIG_FILE).exists()  # the old run is gone
+
+
 def test_verdicts_judge_every_pair_of_the_corpus_at_every_floor_size(quick):
     out, _ = quick
     data = read(out, "verdicts.json")
