@@ -1,6 +1,7 @@
 """Start-up without the garbage collector's scans (common.launch.startup): a rank imports torch without a full
 collection, then builds the user's model and trains with the collector on and what its imports made frozen out of
-it; a user's script under the probe starts the same way, with the collector as python gives it."""
+it; a user's script under the probe starts the same way, with the collector as python gives it. A rank builds the
+user's model with the thread count it trains with, under a launcher that exports none."""
 
 from __future__ import annotations
 
@@ -50,6 +51,20 @@ RECORDING_SCRIPT = '''
     with open(sys.argv[1], "w") as f:
         json.dump(state, f)
 '''
+#: a model whose factory records, per rank, the intra-op threads torch has while it builds the model
+THREADS_MODEL = '''
+    import json
+    import os
+
+    import torch
+    from torch import nn
+
+
+    def build(num_classes, channels, image_size, **_):
+        with open(os.environ["THREADS_STATE"] + "." + os.environ["HOROVOD_RANK"], "w") as f:
+            json.dump({"threads": torch.get_num_threads()}, f)
+        return nn.Sequential(nn.Flatten(), nn.Linear(channels * image_size * image_size, num_classes))
+'''
 #: fewer objects than importing torch alone makes (about half a million)
 STARTUP_OBJECTS = 100_000
 #: full collections before the user's code runs: none with the collector paused, 5 when it scans the imports
@@ -80,3 +95,15 @@ def test_a_probed_script_starts_with_the_collector_on(tmp_path):
     assert recorded["enabled"] is True, recorded
     assert recorded["frozen"] > STARTUP_OBJECTS and recorded["full_collections"] <= FULL_COLLECTIONS, recorded
     assert read_run(tmp_path / "run")["summary"]["steps"] == 2
+
+
+def test_a_rank_builds_the_model_with_the_threads_it_trains_with_under_horovodrun(tmp_path):
+    """horovodrun exports no OMP_NUM_THREADS: torch alone would build the model on every core in every rank."""
+    (tmp_path / "threads_model.py").write_text(textwrap.dedent(THREADS_MODEL))
+    state = tmp_path / "threads"
+    run_cmd(command("horovodrun-gloo", 2, ["--model", "threads_model:build", "--max-steps", "1", "--run-dir",
+                                           str(tmp_path / "run")]),
+            env=job_env({"THREADS_STATE": str(state)}), cwd=tmp_path, timeout=180).check()
+    trained = read_run(tmp_path / "run")["config"]["threads"]
+    built = [json.loads((tmp_path / f"threads.{rank}").read_text())["threads"] for rank in range(2)]
+    assert built == [trained, trained], f"built with {built} threads, trained with {trained}"

@@ -96,6 +96,10 @@ class Trainer:
         config, backend = self.config, self.backend
         try:
             backend.check_environment()
+            # The thread count first: the user's model and data are built with the threads the run computes
+            # with (horovodrun and mpirun export no OMP_NUM_THREADS, so torch would take every core in
+            # every rank); the launcher's local world size is known before init.
+            self.threads = set_numerics(config, backend.local_world_size)
             # Built before init: the backend may tune itself to the model's size (Horovod's cycle time).
             self.inputs = open_inputs(config)
             backend.select_device(config.device)
@@ -122,6 +126,8 @@ class Trainer:
         """Loaders, the model on its device, the optimizer wrapped by the backend, and the position to
         start from (a checkpoint's, or the beginning)."""
         config, backend = self.config, self.backend
+        # Again on the joined job, whose count of this host's ranks is the backend's own (the same unless the
+        # launcher did not say): the steps compute with it.
         self.threads = set_numerics(config, backend.local_world_size)
         print(f"[{backend.name}] rank {backend.rank}/{backend.world_size} local_rank "
               f"{backend.local_rank}/{backend.local_world_size} host {backend.host()} device {backend.device} "
