@@ -162,3 +162,31 @@ def test_fixed_point_sums_do_not_depend_on_their_grouping():
     assert error[:60].max() < 1e-8 * maxima[0] and error[60:].max() < 1e-8 * maxima[1]
     # A gradient 2**9 times larger than the scales allow is caught, not wrapped around.
     assert not fixed.fits(maxima * 2 ** 9)
+
+
+def test_fixed_point_integers_are_those_of_float64_at_every_scale():
+    """The integers are round(g x 2**k) in float64, half to even, whichever path makes them: float32 products for
+    scales up to 2**127, float64 beyond either end (a tensor of tiny gradients, one of huge ones); written by a
+    rank's first micro-batch, added by the others."""
+    from common.exact.fixedpoint import FixedPoint, tensor_maxima
+
+    gen = torch.Generator().manual_seed(1)
+    tiny = torch.randn(50, generator=gen) * 2.0 ** -90  # k above 127
+    huge = torch.randn(50, generator=gen) * 2.0 ** 60  # k below 0
+    plain = torch.randn(50, generator=gen) * 10.0 ** torch.randint(-40, 1, (50,), generator=gen)  # subnormals too
+    fixed = FixedPoint([50, 50, 50], micro_batches=4)
+    fixed.rescale(tensor_maxima([tiny, huge, plain]))
+    ks = fixed._ks()
+    assert ks[0] > 127 and ks[1] < 0 and 0 <= ks[2] <= 127, ks
+    # Halves at the scale: the ties that rounding to even decides, and the float32 neighbours of them.
+    step = 2.0 ** -ks[2]
+    plain[:6] = torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5, 3.5]) * step
+    plain[6:8] = torch.nextafter(plain[:2], torch.zeros(2))
+    grads = [tiny, huge, plain]
+    expected = torch.cat([torch.round(g.double() * 2.0 ** k).to(torch.int64) for g, k in zip(grads, ks)])
+    written = torch.full((150,), 7, dtype=torch.int64)  # whatever was there before
+    fixed.add_integers(grads, written, first=True)
+    assert torch.equal(written, expected)
+    assert written[100:106].tolist() == [0, 2, 2, 0, -2, 4]
+    fixed.add_integers(grads, written)
+    assert torch.equal(written, 2 * expected)

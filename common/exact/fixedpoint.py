@@ -25,6 +25,8 @@ import torch
 HEADROOM_BITS = 8
 #: int64 leaves 62 bits for magnitudes, the sign and one bit of carry aside
 MAGNITUDE_BITS = 62
+#: the largest k with 2**k a float32
+FLOAT32_MAX_EXPONENT = 127
 
 
 class FixedPoint:
@@ -36,6 +38,7 @@ class FixedPoint:
         self.exponents: Optional[List[int]] = None  # per tensor: its largest element is below 2**exponent
         self._wide: Optional[torch.Tensor] = None  # add_integers' work buffers
         self._narrow: Optional[torch.Tensor] = None
+        self._float: Optional[torch.Tensor] = None
 
     # --- the scales ---------------------------------------------------------------------------------
     def fits(self, maxima: torch.Tensor) -> bool:
@@ -56,43 +59,58 @@ class FixedPoint:
     # --- the conversions ----------------------------------------------------------------------------
     def to_integers(self, flat: torch.Tensor) -> torch.Tensor:
         """A flat float gradient as int64 multiples of each tensor's 2**-k (see add_integers)."""
-        total = torch.zeros(flat.numel(), dtype=torch.int64, device=flat.device)
-        self.add_integers(list(flat.split(self.sizes)), total)
+        total = torch.empty(flat.numel(), dtype=torch.int64, device=flat.device)
+        self.add_integers(list(flat.split(self.sizes)), total, first=True)
         return total
 
-    def add_integers(self, grads: Sequence[torch.Tensor], total: torch.Tensor) -> None:
+    def add_integers(self, grads: Sequence[torch.Tensor], total: torch.Tensor, first: bool = False) -> None:
         """Add the integers of one micro-batch's gradients (one tensor per parameter, in order) to the flat int64
-        `total`: round(g x 2**k) in float64 per element, made tensor by tensor in two work buffers kept between
-        calls, so that no gradient-sized tensor is allocated or concatenated per call."""
-        wides, narrows = self._work(total)
+        `total`, or write them there when `first`: round(g x 2**k) per element, half to even, made tensor by
+        tensor in work buffers kept between calls, so that no gradient-sized tensor is allocated per call.
+
+        The product is exact in float32 when 0 <= k <= 127: 2**k is a float32, and g x 2**k is at most 2**62
+        (see _ks) and no smaller than g, so it neither overflows nor loses a bit to underflow; it is then the
+        same real number as in float64, rounded to the same integer. Other scales take the float64 path."""
+        wides, narrows, floats = self._work(total)
         offset = 0
         for grad, k, size in zip(grads, self._ks(), self.sizes):
-            wide, narrow = wides[offset:offset + size], narrows[offset:offset + size]
-            wide.copy_(grad.reshape(-1))  # float32 to float64: exact
-            wide.mul_(2.0 ** k).round_()  # a power of two: exact; then round half to even
-            narrow.copy_(wide)
-            total[offset:offset + size].add_(narrow)
+            if 0 <= k <= FLOAT32_MAX_EXPONENT:
+                scaled = floats[offset:offset + size]
+                torch.mul(grad.reshape(-1), 2.0 ** k, out=scaled)
+            else:
+                scaled = wides[offset:offset + size]
+                scaled.copy_(grad.reshape(-1))  # float32 to float64: exact
+                scaled.mul_(2.0 ** k)  # a power of two: exact
+            scaled.round_()
+            if first:
+                total[offset:offset + size].copy_(scaled)  # an integer below 2**62: exact
+            else:
+                narrow = narrows[offset:offset + size]
+                narrow.copy_(scaled)
+                total[offset:offset + size].add_(narrow)
             offset += size
 
     def mean_into(self, total: torch.Tensor, count: int, grads: Sequence[torch.Tensor]) -> None:
         """Write the mean over `count` micro-batches of the summed integers into `grads` (float32, one tensor per
-        parameter, in order): float32(float64(sum) / 2**k / count) per element, tensor by tensor through the work
-        buffer. Multiplying by 2**-k is dividing by 2**k: both are exact, or round the same real number alike."""
-        wides, _ = self._work(total)
+        parameter, in order): float32(float64(sum) / (count x 2**k)) per element, tensor by tensor through the work
+        buffer. One division rounds the same real number as multiplying by 2**-k (exact) and then dividing by
+        `count` would, so the bits are those of the mean."""
+        wides, _, _ = self._work(total)
         offset = 0
         for grad, k, size in zip(grads, self._ks(), self.sizes):
             wide = wides[offset:offset + size]
             wide.copy_(total[offset:offset + size])
-            wide.mul_(2.0 ** -k).div_(count)
+            wide.div_(count * 2.0 ** k)
             grad.view(-1).copy_(wide)
             offset += size
 
     def _work(self, total: torch.Tensor):
-        """The float64 and int64 work buffers, the size of the flat gradients (made once)."""
+        """The float64, int64 and float32 work buffers, the size of the flat gradients (made once)."""
         if self._wide is None or self._wide.numel() != total.numel() or self._wide.device != total.device:
             self._wide = torch.empty(total.numel(), dtype=torch.float64, device=total.device)
             self._narrow = torch.empty(total.numel(), dtype=torch.int64, device=total.device)
-        return self._wide, self._narrow
+            self._float = torch.empty(total.numel(), dtype=torch.float32, device=total.device)
+        return self._wide, self._narrow, self._float
 
     def to_floats(self, total: torch.Tensor, count: int) -> torch.Tensor:
         """The mean over `count` micro-batches of the summed integers, as one flat float32 tensor (see mean_into)."""

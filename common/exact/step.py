@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,7 @@ class ExactStep:
         self.stats = ShardStatistics(model)
         self.chunk = max(1, int(config.bucket_mb * 2**20) // 8)  # int64 elements per integer allreduce
         self._comm_s = 0.0
+        self._integers: Optional[torch.Tensor] = None  # this rank's integer sum of its micro-batches' gradients
         # Slots of the exchanged vector: losses, correct counts, each rank's largest gradients, whether
         # each rank's gradients fitted the scales, BatchNorm statistics of each micro-batch.
         tensors = len(self.params)
@@ -111,7 +112,11 @@ class ExactStep:
         scale) and the vector of values to exchange."""
         device = self.params[0].device
         exchanged = torch.zeros(self.width, dtype=torch.float64, device=device)
-        integers = torch.zeros(sum(p.numel() for p in self.params), dtype=torch.int64, device=device)
+        if self._integers is None:  # kept between steps: a new one would be paged in afresh every step
+            self._integers = torch.empty(sum(p.numel() for p in self.params), dtype=torch.int64, device=device)
+        integers = self._integers
+        if not shards:
+            integers.zero_()
         local_maxima = torch.zeros(len(self.params), dtype=torch.float64, device=device)
         fitted = True
         stats = exchanged[self._stats].view(self.count, -1)
@@ -131,7 +136,7 @@ class ExactStep:
             local_maxima = torch.maximum(local_maxima, maxima)
             fitted = fitted and self.fixed.fits(maxima)
             if fitted:
-                self.fixed.add_integers(grads, integers)
+                self.fixed.add_integers(grads, integers, first=i == 0)
             exchanged[self._losses][index] = loss.detach().to(torch.float64)
             exchanged[self._correct][index] = (logits.detach().argmax(dim=1) == y).sum().to(torch.float64)
         exchanged[self._maxima].view(self.world, -1)[self.backend.rank] = local_maxima
