@@ -24,7 +24,9 @@ from .waiting import Waiter, choose_wait
 #: steps long enough that a longer cycle costs it no measurable latency and gives the share back
 #: (BENCHMARKS.md, "Horovod scaling"); a small model keeps Horovod's 1 ms, its steps are milliseconds.
 LONG_CYCLE_MIN_GRADIENT_BYTES = 16 * 2**20
-LONG_CYCLE_MS = 5
+#: The long cycle per controller. Gloo's agreement each cycle is a collective through its TCP loop thread:
+#: on an idle rank 5% of a core at 5 ms and 2% at 20 ms (BENCHMARKS.md, "Horovod scaling"). MPI keeps 5 ms.
+LONG_CYCLE_MS = {"gloo": 20, "mpi": 5}
 
 #: Open MPI busy-polls while it waits for a message unless it believes the host is oversubscribed, and it
 #: counts processes, not threads: each Horovod rank's background thread then spins on a core that the
@@ -59,6 +61,15 @@ def yield_mpi_when_idle(device: torch.device) -> str:
         return "Open MPI's default"
     os.environ[MPI_YIELD_VARIABLE] = "1"
     return "hvd_train: training on CPU"
+
+
+def controller_before_init(hvd) -> str:
+    """The controller hvd.init() will start: HOROVOD_CONTROLLER (horovodrun --gloo sets it), else MPI when
+    Horovod was built with it (mpirun, horovodrun --mpi, a lone process), else Gloo."""
+    chosen = os.environ.get("HOROVOD_CONTROLLER", "").lower()
+    if chosen in ("gloo", "mpi"):
+        return chosen
+    return "mpi" if hvd.mpi_built() else "gloo"
 
 
 #: Open MPI's byte-transfer layers. Its TCP one listens on every interface, whatever btl_tcp_if_include
@@ -150,11 +161,13 @@ class HorovodBackend(Backend):
         if os.environ.get("HOROVOD_CYCLE_TIME"):
             self.cycle_time_source = "environment"
         elif self.tuning.gradient_bytes >= LONG_CYCLE_MIN_GRADIENT_BYTES and self.device.type == "cpu":
-            os.environ["HOROVOD_CYCLE_TIME"] = str(LONG_CYCLE_MS)
-            self.cycle_time_source = f"hvd_train: {mb:.0f} MB of gradients on CPU"
+            controller = controller_before_init(self.hvd)
+            cycle_ms = LONG_CYCLE_MS[controller]
+            os.environ["HOROVOD_CYCLE_TIME"] = str(cycle_ms)
+            self.cycle_time_source = f"hvd_train: {mb:.0f} MB of gradients on CPU, {controller} controller"
             if self._launched_as.rank == 0:
-                print(f"hvd_train: HOROVOD_CYCLE_TIME={LONG_CYCLE_MS} (the model has {mb:.0f} MB of gradients and "
-                      "trains on CPU); set HOROVOD_CYCLE_TIME to choose another", flush=True)
+                print(f"hvd_train: HOROVOD_CYCLE_TIME={cycle_ms} (the model has {mb:.0f} MB of gradients and "
+                      f"trains on CPU, {controller} controller); set HOROVOD_CYCLE_TIME to choose another", flush=True)
         else:
             self.cycle_time_source = "Horovod's default"
 

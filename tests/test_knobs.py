@@ -178,20 +178,25 @@ def test_grad_scaler_state_survives_a_checkpoint(tmp_path):
     assert Precision("bf16", torch.device("cpu")).state_dict() is None  # no scaler: nothing saved
 
 
-def test_horovod_cycle_time_follows_the_model_size_unless_the_user_sets_it(runs, tmp_path):
-    """On CPU, a model with at least 16 MB of gradients gets a 5 ms Horovod cycle (its background
-    thread then takes less of the cores the ranks compute on), a small one Horovod's own 1 ms, and
-    `horovodrun --cycle-time-ms` (HOROVOD_CYCLE_TIME) always wins."""
+def test_horovod_cycle_time_follows_the_model_size_and_controller_unless_the_user_sets_it(runs, tmp_path):
+    """On CPU, a model with at least 16 MB of gradients gets a longer Horovod cycle (its background thread then
+    takes less of the cores the ranks compute on): 20 ms under the Gloo controller, 5 ms under MPI's; a small
+    one Horovod's own 1 ms, and `horovodrun --cycle-time-ms` (HOROVOD_CYCLE_TIME) always wins."""
     small = mlp_run(runs, "horovodrun-gloo").run["config"]["backend"]
     assert (small["cycle_time_ms"], small["cycle_time_source"]) == (1.0, "Horovod's default")
     given = deterministic(runs, again=True).run["config"]["backend"]  # started with horovodrun --cycle-time-ms 2
     assert (given["cycle_time_ms"], given["cycle_time_source"]) == (2.0, "environment")
     resnet = ["--model", "resnet18", "--dataset", "synthetic", "--image-size", "32", "--synthetic-samples", "64",
-              "--batch-size", "4", "--epochs", "1", "--max-steps", "1", "--threads", "1", "--run-dir", str(tmp_path)]
-    result = launch("none-hvd", 1, resnet).check()
-    assert result.output.count("hvd_train: HOROVOD_CYCLE_TIME=5 (the model has 43 MB of gradients") == 1
-    backend = json.loads((tmp_path / CONFIG_FILE).read_text())["backend"]
-    assert (backend["cycle_time_ms"], backend["cycle_time_source"]) == (5.0, "hvd_train: 43 MB of gradients on CPU")
+              "--batch-size", "4", "--epochs", "1", "--max-steps", "1", "--threads", "1"]
+    for launcher, controller, cycle_ms in (("none-hvd", "mpi", 5), ("horovodrun-gloo", "gloo", 20)):
+        run_dir = tmp_path / launcher
+        result = launch(launcher, 1, [*resnet, "--run-dir", str(run_dir)]).check()
+        assert result.output.count(f"hvd_train: HOROVOD_CYCLE_TIME={cycle_ms} (the model has 43 MB of gradients "
+                                   f"and trains on CPU, {controller} controller)") == 1, result.output[-2000:]
+        backend = json.loads((run_dir / CONFIG_FILE).read_text())["backend"]
+        assert backend["controller"] == controller
+        assert (backend["cycle_time_ms"], backend["cycle_time_source"]) == \
+            (float(cycle_ms), f"hvd_train: 43 MB of gradients on CPU, {controller} controller")
 
 
 def test_open_mpi_settings_follow_the_job_unless_the_user_sets_them(runs):
