@@ -122,7 +122,9 @@ class Hooks:
         self.recorder.optimizer_started()
         params = self.ordered(optimizer)
         self.before = {"groups": group_settings(optimizer), "state": state_summary(optimizer, params),
-                       "gnorm": tensor_norms([p.grad for p in params]), "wnorm_before": tensor_norms(params)}
+                       "gnorm": tensor_norms([p.grad for p in params])}
+        if not self.recorder.in_step:  # only a step with no backward before it records the weights it found
+            self.before["wnorm_before"] = tensor_norms(params)
 
     def on_step_post(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         self.step_depth -= 1
