@@ -79,10 +79,11 @@ class Record:
         self.argv = list(sys.argv[1:] if argv is None else argv)
         self.started = time.time()
         self.load_before = load()
+        self.machine = machine()  # the code and versions measured: a commit during the measurement is not in it
 
     def header(self) -> Dict:
-        """The result's common fields, taken when the measurement is over."""
-        return {"benchmark": self.benchmark, "started": self.started, "machine": machine(),
+        """The result's common fields: the machine and load as the measurement started, the load after it."""
+        return {"benchmark": self.benchmark, "started": self.started, "machine": self.machine,
                 "command": f"python -m benchmarks.{self.benchmark} " + " ".join(self.argv),
                 "load_before": self.load_before, "load_after": load(),
                 "under_load": under_load(self.load_before, cores())}
