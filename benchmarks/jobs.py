@@ -165,9 +165,12 @@ def run_jobs_together(cmds: List[Sequence[str]], logs: List[Path], timeout_s: fl
 
 
 def run_cli(main, name: str) -> int:
-    """A benchmark's main() for the command line: Ctrl-C stops the running job (and its ranks) and exits 130."""
+    """A benchmark's main() for the command line: Ctrl-C or SIGTERM stops the running job (and its ranks) and exits
+    130 or 143."""
     try:
-        return main()
-    except KeyboardInterrupt:
-        print(f"{name}: interrupted; the running job was stopped", file=sys.stderr)
-        return 130
+        with launch.terminating_like_ctrl_c():
+            return main()
+    except KeyboardInterrupt as stopped:
+        how = "terminated" if isinstance(stopped, launch.Terminated) else "interrupted"
+        print(f"{name}: {how}; the running job was stopped", file=sys.stderr)
+        return launch.interrupted_exit(stopped)

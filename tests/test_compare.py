@@ -188,3 +188,31 @@ def test_explaining_runs_are_left_out_only_for_exact_mode(train_args, reduction)
     from common.compare.__main__ import reduction_of
 
     assert reduction_of(train_args) == reduction
+
+
+@pytest.mark.parametrize("driver", ["compare-backends", "benchmark"])
+def test_sigterm_to_a_driver_stops_its_running_job_and_leaves_nothing(driver, tmp_path):
+    """`kill` or a scheduler ending the driver (not its process group) stops the run it started, as Ctrl-C does."""
+    import signal
+
+    from launched import COMPARE, PY
+    from processes import Job, assert_nothing_left, job_processes
+
+    out = tmp_path / "out"
+    long_run = ["--epochs", "100000", "--threads", "1"]
+    if driver == "compare-backends":
+        cmd = [*COMPARE, "--np", "1", "--backends", "ddp", "--repeats", "1", "--model", "mlp", *long_run,
+               "--out", str(out)]
+        name = "compare-backends"
+    else:
+        cmd = [PY, "-m", "benchmarks.throughput", "--np", "1", "--backends", "ddp", "--models", "resnet18",
+               "--image-size", "32", "--batch-size", "2", "--steps", "5000", "--repeats", "1", "--baselines", "none",
+               "--out", str(out), "--work", str(out / "runs"), "--", "--threads", "1"]
+        name = "throughput"
+    with Job(cmd) as job:
+        job.wait_until(lambda: any("_train" in " ".join(p.cmdline()) for p in job_processes(str(out))),
+                       "the driver never started its run", timeout=120)
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=60) == 143, job.output[-3000:]
+    assert f"{name}: terminated; the running job was stopped" in job.output
+    assert_nothing_left(str(out), within=20)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from common.launch import Terminated, interrupted_exit, terminating_like_ctrl_c
 from common.launch.hosts import DEFAULT_PORT
 from common.rundir.reader import check_comparable, number_repeats, read_run
 from . import arguments, benchmarks, report, scripts
@@ -215,10 +216,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         runner = MatrixRunner(program if args.scripts else Training(tuple(train_args)), args.out, timeout_s=args.run_timeout,
                               echo=lambda line: print(line, flush=True), site=site)
         try:
-            outcomes = runner.run_all(planned)
-        except KeyboardInterrupt:  # the running job was stopped on the way out (common.launch.Job)
-            print(f"{PROG}: interrupted; the running job was stopped", file=sys.stderr)
-            return 130
+            with terminating_like_ctrl_c():
+                outcomes = runner.run_all(planned)
+        except KeyboardInterrupt as stopped:  # the running job was stopped on the way out (common.launch.Job)
+            how = "terminated" if isinstance(stopped, Terminated) else "interrupted"
+            print(f"{PROG}: {how}; the running job was stopped", file=sys.stderr)
+            return interrupted_exit(stopped)
         runs = []
         for outcome in outcomes:
             if outcome.returncode != 0:

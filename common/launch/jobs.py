@@ -8,6 +8,7 @@ SIGTERM to its group first, and whatever of it is still alive after a grace peri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -34,6 +35,29 @@ def job_env(extra: Optional[Dict[str, str]] = None, python: str = sys.executable
     env.pop("OMP_NUM_THREADS", None)
     env.update(extra or {})
     return env
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached a driver (`kill`, a scheduler ending it): it unwinds as Ctrl-C does, stopping its running job."""
+
+
+@contextlib.contextmanager
+def terminating_like_ctrl_c():
+    """Within: SIGTERM raises Terminated in the main thread, so a driver that stops its running job on Ctrl-C
+    (a Job's teardown on the way out) does the same on SIGTERM instead of leaving the job to run on."""
+    def raise_terminated(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_exit(exc: KeyboardInterrupt) -> int:
+    """The exit code of a driver stopped by `exc`: 143 after SIGTERM, 130 after Ctrl-C (128 + the signal)."""
+    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
 
 
 class JobTimeout(RuntimeError):
