@@ -2,7 +2,9 @@
 
 The loop in common/loop/trainer.py does, besides forward, backward and the optimizer step: the lr
 schedule, the train meters (a few small tensor ops), `loss.item()` and a JSON line in
-metrics.jsonl every --log-every steps, notes of what the rank is doing (common.faults.liveness), and
+metrics.jsonl every --log-every steps with, on rank 0, the weight fingerprint (the float64 norm of every
+parameter, where the comparison finds a divergence start; the other ranks wait for rank 0 at the next
+allreduce), notes of what the rank is doing (common.faults.liveness), and
 about every CHECK_PERIOD_S of training (common.faults.stopping) a tiny allreduce that lets the ranks agree
 to stop on a signal. This times each piece alone, in one process, with the real objects (SumMeter, RunDir,
 Activity, lr_at), at the model's real batch, and the stop check from the allreduce benchmark's smallest torch message
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from common.config import Config
 from common.faults.liveness import Activity
 from common.inputs.models import build_model
+from common.loop.fingerprint import weight_norms
 from common.loop.metrics import SumMeter
 from common.loop.optim import lr_at, make_optimizer, set_lr
 from common.rundir.writer import RunDir
@@ -53,6 +56,8 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
 
 #: the piece that is the ranks' stop check, one small allreduce shared by the steps between two checks
 STOP_CHECK = "stop check (allreduce / steps between checks)"
+#: the piece that is rank 0's float64 norm of every parameter in each metrics.jsonl step line
+WEIGHT_FINGERPRINT = "weight fingerprint (rank 0)"
 
 
 def steps_between_checks(step_s: float) -> int:
@@ -89,6 +94,7 @@ def measure(model_name: str, image_size: int, batch: int, threads: int, repeats:
             "train meters": lambda: meter.add(batch, loss=loss.detach() * batch,
                                               correct=(logits.detach().argmax(dim=1) == labels).sum()),
             "loss.item()": lambda: loss.item(),
+            WEIGHT_FINGERPRINT: lambda: weight_norms(model),
             "metrics.jsonl step line": lambda: run_dir.log("step", epoch=0, step=1, loss=0.5, lr=0.1, batch=batch,
                                                             data_s=0.001, step_s=0.1, comm_s=0.01),
             # the loop's notes of a step: its batch loaded, computing, the step done, loading the next

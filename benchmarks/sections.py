@@ -61,25 +61,30 @@ def machines(results: Results) -> str:
 # ---- loop overhead, comm hook, Horovod's cycle ----
 
 def loop_overhead_table(results: Results, name: str) -> str:
-    """µs per step of each piece of bookkeeping, and its share of each model's step."""
+    """µs per step of each piece of bookkeeping, and its share of the step, per model."""
 
     def body() -> str:
         result = results.get(name)
         models = result["rows"]
         pieces = list(dict.fromkeys(p for m in models for p in m["costs_s"]))
-        headers = ["piece", "µs per step"] + [
-            f"share of a {m['model']} {m['image_size']}x{m['image_size']} step ({ms(m['step_s'])})" for m in models]
+        headers = ["piece"]
+        for m in models:
+            headers += [f"{m['model']} {m['image_size']}x{m['image_size']}: µs per step",
+                        f"share of its step ({ms(m['step_s'])})"]
         rows = []
         for piece in pieces:
-            cost = models[0]["costs_s"].get(piece)
-            rows.append([piece, rounded(cost * 1e6, 2) if cost is not None else tables.MISSING] + [
-                tables.percent(m["costs_s"][piece] / m["step_s"], ".3f") if piece in m["costs_s"] else tables.MISSING
-                for m in models])
-        rows.append(["**total**", f"**{rounded(models[0]['total_s'] * 1e6, 3)}**"] +
-                    [f"**{tables.percent(m['share_of_step'], '.3f')}**" for m in models])
+            row = [piece]
+            for m in models:
+                cost = m["costs_s"].get(piece)
+                row += ([rounded(cost * 1e6, 2), tables.percent(cost / m["step_s"], ".3f")] if cost is not None
+                        else [tables.MISSING, tables.MISSING])
+            rows.append(row)
+        total = ["**total**"]
+        for m in models:
+            total += [f"**{rounded(m['total_s'] * 1e6, 3)}**", f"**{tables.percent(m['share_of_step'], '.3f')}**"]
+        rows.append(total)
         m = models[0]
-        return (f"One thread, per-rank batch {m['batch_size']}; µs per step of the first model's pieces (the others' "
-                "differ only by noise).\n\n" + tables.markdown(headers, rows))
+        return f"One thread, per-rank batch {m['batch_size']}.\n\n" + tables.markdown(headers, rows)
 
     return framed(results, [name], body)
 
