@@ -71,12 +71,17 @@ STARTUP_OBJECTS = 100_000
 FULL_COLLECTIONS = 1
 
 
+def train_users_model(tmp_path, launcher: str, np: int, name: str, source: str, steps: int, env) -> None:
+    """Write the user's model module `name` into `tmp_path` and train it there for `steps` steps (run dir: run)."""
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    run_cmd(command(launcher, np, ["--model", f"{name}:build", "--max-steps", str(steps), "--run-dir",
+                                   str(tmp_path / "run")]),
+            env=job_env(env), cwd=tmp_path, timeout=180).check()
+
+
 def test_a_rank_builds_the_model_and_trains_with_the_collector_on_and_its_imports_frozen(tmp_path):
-    (tmp_path / "recording.py").write_text(textwrap.dedent(RECORDING_MODEL))
     state = tmp_path / "gc.json"
-    run_cmd(command("none-ddp", 1, ["--model", "recording:build", "--max-steps", "2", "--run-dir",
-                                    str(tmp_path / "run")]),
-            env=job_env({"GC_STATE": str(state)}), cwd=tmp_path, timeout=120).check()
+    train_users_model(tmp_path, "none-ddp", 1, "recording", RECORDING_MODEL, 2, {"GC_STATE": str(state)})
     built = json.loads((tmp_path / "gc.json.build").read_text())
     assert built["enabled"] is True, "the user's model was built with the collector paused: its cycles would be " \
         "frozen for good"
@@ -99,11 +104,8 @@ def test_a_probed_script_starts_with_the_collector_on(tmp_path):
 
 def test_a_rank_builds_the_model_with_the_threads_it_trains_with_under_horovodrun(tmp_path):
     """horovodrun exports no OMP_NUM_THREADS: torch alone would build the model on every core in every rank."""
-    (tmp_path / "threads_model.py").write_text(textwrap.dedent(THREADS_MODEL))
     state = tmp_path / "threads"
-    run_cmd(command("horovodrun-gloo", 2, ["--model", "threads_model:build", "--max-steps", "1", "--run-dir",
-                                           str(tmp_path / "run")]),
-            env=job_env({"THREADS_STATE": str(state)}), cwd=tmp_path, timeout=180).check()
+    train_users_model(tmp_path, "horovodrun-gloo", 2, "threads_model", THREADS_MODEL, 1, {"THREADS_STATE": str(state)})
     trained = read_run(tmp_path / "run")["config"]["threads"]
     built = [json.loads((tmp_path / f"threads.{rank}").read_text())["threads"] for rank in range(2)]
     assert built == [trained, trained], f"built with {built} threads, trained with {trained}"
