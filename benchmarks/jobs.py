@@ -171,6 +171,4 @@ def run_cli(main, name: str) -> int:
         with launch.terminating_like_ctrl_c():
             return main()
     except KeyboardInterrupt as stopped:
-        how = "terminated" if isinstance(stopped, launch.Terminated) else "interrupted"
-        print(f"{name}: {how}; the running job was stopped", file=sys.stderr)
-        return launch.interrupted_exit(stopped)
+        return launch.stopped_exit(name, stopped)

@@ -573,6 +573,7 @@ def test_verdicts_judge_every_pair_of_the_corpus_at_every_floor_size(quick):
         assert sorted(g["false_alarms"] + g["misses"]) == wrong
     assert real["judged"]["2@10"]["trains_differently_from"] == 2 and real["judged"]["2@10"]["correct"]
 
+
 def test_a_result_records_the_revision_its_measurement_started_at(monkeypatch):
     """A commit while a benchmark runs must not stamp its result with code it did not measure."""
     from benchmarks.machine import Record

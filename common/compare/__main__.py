@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from common.launch import Terminated, interrupted_exit, terminating_like_ctrl_c
+from common.launch import stopped_exit, terminating_like_ctrl_c
 from common.launch.hosts import DEFAULT_PORT
 from common.rundir.reader import check_comparable, number_repeats, read_run
 from . import arguments, benchmarks, report, scripts
@@ -219,9 +219,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             with terminating_like_ctrl_c():
                 outcomes = runner.run_all(planned)
         except KeyboardInterrupt as stopped:  # the running job was stopped on the way out (common.launch.Job)
-            how = "terminated" if isinstance(stopped, Terminated) else "interrupted"
-            print(f"{PROG}: {how}; the running job was stopped", file=sys.stderr)
-            return interrupted_exit(stopped)
+            return stopped_exit(PROG, stopped)
         runs = []
         for outcome in outcomes:
             if outcome.returncode != 0:

@@ -114,9 +114,7 @@ class ExactStep:
         exchanged = torch.zeros(self.width, dtype=torch.float64, device=device)
         if self._integers is None:  # kept between steps: a new one would be paged in afresh every step
             self._integers = torch.empty(sum(p.numel() for p in self.params), dtype=torch.int64, device=device)
-        integers = self._integers
-        if not shards:
-            integers.zero_()
+        integers = self._integers  # every rank has at least one micro-batch (Batches), whose integers are written
         local_maxima = torch.zeros(len(self.params), dtype=torch.float64, device=device)
         fitted = True
         stats = exchanged[self._stats].view(self.count, -1)

@@ -55,9 +55,12 @@ def terminating_like_ctrl_c():
         signal.signal(signal.SIGTERM, previous)
 
 
-def interrupted_exit(exc: KeyboardInterrupt) -> int:
-    """The exit code of a driver stopped by `exc`: 143 after SIGTERM, 130 after Ctrl-C (128 + the signal)."""
-    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+def stopped_exit(prog: str, exc: KeyboardInterrupt) -> int:
+    """Say that a driver stopped by `exc` stopped its running job; returns its exit code: 143 after SIGTERM, 130
+    after Ctrl-C (128 + the signal)."""
+    terminated = isinstance(exc, Terminated)
+    print(f"{prog}: {'terminated' if terminated else 'interrupted'}; the running job was stopped", file=sys.stderr)
+    return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
 
 
 class JobTimeout(RuntimeError):

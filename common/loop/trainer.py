@@ -126,9 +126,6 @@ class Trainer:
         """Loaders, the model on its device, the optimizer wrapped by the backend, and the position to
         start from (a checkpoint's, or the beginning)."""
         config, backend = self.config, self.backend
-        # Again on the joined job, whose count of this host's ranks is the backend's own (the same unless the
-        # launcher did not say): the steps compute with it.
-        self.threads = set_numerics(config, backend.local_world_size)
         print(f"[{backend.name}] rank {backend.rank}/{backend.world_size} local_rank "
               f"{backend.local_rank}/{backend.local_world_size} host {backend.host()} device {backend.device} "
               f"threads {self.threads}", flush=True)
