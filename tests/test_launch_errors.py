@@ -1,6 +1,7 @@
 """Launch problems end in seconds with a message that names them: a port in use, more processes than
-slots, data files that cannot be read. A one-host job listens on loopback only, and jobs started from
-several threads at once each find their launcher."""
+slots, data files that cannot be read. A one-host job listens on loopback only, jobs started from several
+threads at once each find their launcher, and Open MPI jobs the suite starts at once keep their session
+directories apart."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import re
 import signal
 import socket
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from datasets import write_cifar10, write_mnist
-from launched import BIN, PY, launch, run_cmd
+from launched import BIN, OPEN_MPI_SESSIONS, PY, launch, run_cmd
 from processes import Job, assert_nothing_left, worker
 from common.rundir.names import CONFIG_FILE
 
@@ -154,3 +157,17 @@ def test_threads_that_start_jobs_at_once_all_find_the_launchers():
               "    print(sorted(set(pool.map(lambda name: launch.get(name).name, names))))\n")
     result = run_cmd([PY, "-c", script], timeout=60).check()
     assert result.output.strip() == "['horovodrun-gloo', 'horovodrun-mpi', 'mpirun', 'torchrun']"
+
+
+def test_open_mpi_jobs_started_at_once_each_use_a_session_directory_of_their_own():
+    """Open MPI 4 keeps a user's mpiruns on a host under one session directory, which one that ends removes as
+    another may be creating it (open-mpi/ompi#8510): each job the suite starts at once has its own, and Open MPI
+    puts its session there."""
+    from hvd_train.launch import mpi_flags
+
+    show = ["mpirun", *mpi_flags(), "-np", "2", "sh", "-c", f'ls -d "${OPEN_MPI_SESSIONS}"/ompi.*/*']
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: run_cmd(show, timeout=60).check(), range(4)))
+    bases = [{Path(line).parents[1] for line in result.output.split()} for result in results]
+    assert all(len(base) == 1 for base in bases), [result.output for result in results]
+    assert len(set().union(*bases)) == 4, bases
