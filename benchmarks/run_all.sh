@@ -59,7 +59,8 @@ quick_steps() {
       --copy-bytes 1M --mpi-algorithms ring --out "$OUT/allreduce-mpi-algorithms"
   step -m benchmarks.throughput --np 1 --backends horovod-mpi "${TINY[@]}" --baselines none \
       --out "$OUT/mpi-yield" --work "$WORK/mpi-yield"
-  step -m benchmarks.throughput --np 1 --backends horovod-gloo "${TINY[@]}" --baselines none \
+  # Two repeats: a sweep's values alternate, every other repeat backwards.
+  step -m benchmarks.throughput --np 1 --backends horovod-gloo "${TINY[@]}" --repeats 2 --baselines none \
       --sweep deterministic=off,on --out "$OUT/deterministic" --work "$WORK/deterministic"
   step -m benchmarks.throughput --np 1 --backends horovod-gloo "${TINY[@]}" --baselines none \
       --sweep HVD_TRAIN_WAIT=spin,auto --out "$OUT/horovod-wait" --work "$WORK/horovod-wait"

@@ -8,7 +8,9 @@
 Each run is `python -m ddp_train` under torchrun or `python -m hvd_train` under horovodrun on
 synthetic data (or the digits) at a fixed per-rank batch; its samples/s is read from summary.json
 (the first step is excluded), and its time split (data wait / compute / exposed communication)
-from the same file. Reported per model and setting, median and spread over --repeats:
+from the same file. Every run of every case and sweep value is made once per repeat, every other repeat in
+the opposite order (A B, B A), so that the machine's drift over minutes falls on every setting alike.
+Reported per model and setting, median and spread over --repeats:
 
 - scaling efficiency: throughput(N) / (N x throughput(1)), each backend against its own one process;
 - exchange overhead: 1 - throughput(N) / throughput of N independent world-size-1 processes started
@@ -162,7 +164,8 @@ def build_cli() -> argparse.ArgumentParser:
                    help="synthetic image size: one for all (64) or per model (default convnet=32,resnet18=224)")
     p.add_argument("--batch-size", type=int, default=16, help="per-rank batch (fixed across world sizes)")
     p.add_argument("--steps", type=int, default=12, help="optimizer steps per run (the first is not timed)")
-    p.add_argument("--repeats", type=int, default=3, help="runs of every cell, interleaved; median and spread")
+    p.add_argument("--repeats", type=int, default=3, help="runs of every cell; median and spread. Repeats are interleaved across every case and sweep value, "
+                        "every other one backwards")
     p.add_argument("--baselines", default=",".join(BASELINES),
                    help="reference runs: bare (benchmarks/bare_ddp.py, per-sample DataLoader as a user writes it), "
                         "bare-batched (the same loop on our batched data path), independent (no exchange), or none")
@@ -242,8 +245,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     record = Record("throughput", raw)
     bench = Bench(args, extra)
-    for case in cases:
-        bench.measure(case, backends, baselines if case.is_reference else [b for b in baselines if b not in BARE])
+    bench.measure(cases, backends, baselines)
     report = {**record.header(),
               "settings": {"world_sizes": args.world_sizes, "backends": backends, "batch_size": args.batch_size,
                            "steps": args.steps, "repeats": args.repeats, "extra_train_args": extra,
@@ -266,6 +268,7 @@ DEFINITIONS = {
     "loop_ratio_batched": "our DDP loop's step time / the bare DDP loop's on our batched data path at the same "
                           "world size (= bare-ddp-batched samples/s / ddp samples/s)",
     "job_cpu_s": "CPU seconds of the whole job, every process (start-up and evaluation included); median",
+    "order": "a run's place in the schedule: every cell of every case once per repeat, every other repeat backwards",
     "time_split": "summary.json time_split (comm, step and data wait per step) of the median repeat by samples/s",
 }
 
@@ -303,8 +306,26 @@ def run_threads(run_dir: Path, summary: Dict) -> Optional[int]:
     return json.loads(config.read_text()).get("threads") if config.exists() else None
 
 
+class Cell(NamedTuple):
+    """One run to make in every repeat: a case's backend, bare loop or independent processes at a world size."""
+
+    case: int  # index into the cases
+    label: str
+    world_size: int
+
+
+def schedule(cells: Sequence[Cell], repeats: int) -> List[Tuple[int, Cell]]:
+    """(repeat, cell) in the order to run them: every cell of every case once, then again; every other repeat
+    backwards, so that a steady drift in the machine's speed falls on every cell alike (A B, B A) instead of
+    favouring whichever runs first."""
+    order = []
+    for repeat in range(repeats):
+        order += [(repeat, cell) for cell in (cells if repeat % 2 == 0 else reversed(cells))]
+    return order
+
+
 class Bench:
-    """Runs the cells of each case, repeats interleaved, and keeps the numbers."""
+    """Runs every cell of every case, repeats interleaved across all of them, and keeps the numbers."""
 
     def __init__(self, args, extra: List[str]) -> None:
         self.args, self.extra = args, extra
@@ -314,33 +335,46 @@ class Bench:
     def _train_args(self, case: Case, np: int, run_dir: Path) -> List[str]:
         return base_args(case, self.args, np, run_dir) + case.train_args + self.extra
 
-    def measure(self, case: Case, backends: List[str], baselines: List[str]) -> None:
-        args = self.args
-        work = args.work / case.slug
-        runs: List[Dict] = []
-        for repeat in range(args.repeats):
-            for np in args.world_sizes:
-                for label in backends:
-                    run_dir = work / f"{label}-{np}-r{repeat + 1}"
-                    cmd = launch.get(BACKENDS[label]).command(np, self._train_args(case, np, run_dir))
-                    runs.append(self._one(case, label, np, repeat, [cmd], [run_dir]))
-                for bare in (BARE[b] for b in baselines if b in BARE):
-                    run_dir = work / f"{bare.label}-{np}-r{repeat + 1}"
-                    # The bare loop gets the base settings and the options after -- (its threads above all),
-                    # not the swept knob: it has none of the tuning knobs.
-                    cmd = worker_command("torchrun", np, "benchmarks.bare_ddp",
-                                         ["--data-path", bare.data_path, *base_args(case, args, np, run_dir),
-                                          *self.extra])
-                    runs.append(self._one(case, bare.label, np, repeat, [cmd], [run_dir]))
+    def cells(self, cases: List[Case], backends: List[str], baselines: List[str]) -> List[Cell]:
+        """Every run of one repeat. The bare loops run only in the reference case (they have none of the knobs)."""
+        out = []
+        for index, case in enumerate(cases):
+            for np in self.args.world_sizes:
+                out += [Cell(index, label, np) for label in backends]
+                if case.is_reference:
+                    out += [Cell(index, BARE[b].label, np) for b in baselines if b in BARE]
                 if "independent" in baselines and np > 1:
-                    # N processes alone share the cores as the N ranks do, unless the options after -- set threads.
-                    threads = [] if "--threads" in self.extra else ["--threads", str(max(1, cores() // np))]
-                    dirs = [work / f"independent-{np}-r{repeat + 1}" / f"p{i}" for i in range(np)]
-                    cmds = [[sys.executable, "-m", "ddp_train", *self._train_args(case, np, d), *threads]
-                            for d in dirs]
-                    runs.append(self._one(case, "independent", np, repeat, cmds, dirs))
-        runs = [r for r in runs if r is not None]
-        self.cases.append(summarise(case, runs, backends))
+                    out.append(Cell(index, "independent", np))
+        return out
+
+    def measure(self, cases: List[Case], backends: List[str], baselines: List[str]) -> None:
+        """Run the schedule, then summarise each case from its runs."""
+        runs: List[List[Dict]] = [[] for _ in cases]
+        for order, (repeat, cell) in enumerate(schedule(self.cells(cases, backends, baselines), self.args.repeats)):
+            run = self._cell(cases[cell.case], cell, repeat)
+            if run is not None:
+                runs[cell.case].append({**run, "order": order + 1})
+        self.cases = [summarise(case, case_runs, backends) for case, case_runs in zip(cases, runs)]
+
+    def _cell(self, case: Case, cell: Cell, repeat: int) -> Optional[Dict]:
+        args, np, label = self.args, cell.world_size, cell.label
+        work = args.work / case.slug
+        run_dir = work / f"{label}-{np}-r{repeat + 1}"
+        bare = next((b for b in BARE.values() if b.label == label), None)
+        if label in BACKENDS:
+            cmd = launch.get(BACKENDS[label]).command(np, self._train_args(case, np, run_dir))
+            return self._one(case, label, np, repeat, [cmd], [run_dir])
+        if bare is not None:
+            # The bare loop gets the base settings and the options after -- (its threads above all), not the
+            # swept knob: it has none of the tuning knobs.
+            cmd = worker_command("torchrun", np, "benchmarks.bare_ddp",
+                                 ["--data-path", bare.data_path, *base_args(case, args, np, run_dir), *self.extra])
+            return self._one(case, label, np, repeat, [cmd], [run_dir])
+        # N processes alone share the cores as the N ranks do, unless the options after -- set threads.
+        threads = [] if "--threads" in self.extra else ["--threads", str(max(1, cores() // np))]
+        dirs = [run_dir / f"p{i}" for i in range(np)]
+        cmds = [[sys.executable, "-m", "ddp_train", *self._train_args(case, np, d), *threads] for d in dirs]
+        return self._one(case, label, np, repeat, cmds, dirs)
 
     def _one(self, case: Case, label: str, np: int, repeat: int, cmds: List[List[str]],
              dirs: List[Path]) -> Optional[Dict]:

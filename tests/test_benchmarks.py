@@ -208,6 +208,9 @@ def test_sweep_of_a_flag_measures_its_off_once_as_the_reference(quick):
     fusion = [case["runs"][0]["backend_options"]["fusion_threshold_bytes"] for case in data["cases"]]
     assert fusion[0] > 0 and fusion[1] == 0  # on: Horovod without tensor fusion
     assert len(list((out / "work" / "deterministic").iterdir())) == 2
+    # The two values alternate, the second repeat backwards: off, on, then on, off.
+    order = sorted((run["order"], case["value"], run["repeat"]) for case in data["cases"] for run in case["runs"])
+    assert order == [(1, "off", 1), (2, "on", 1), (3, "on", 2), (4, "off", 2)]
 
 
 def test_horovod_wait_sweep_spins_when_told_and_polls_on_cpu_by_itself(quick):
@@ -246,6 +249,28 @@ def test_the_exchange_overhead_target_holds_each_backend_to_its_limit_at_one_thr
     assert verdict == "DDP (≤ 3%) yes, Horovod/MPI (≤ 3%) no, Horovod/Gloo (≤ 6%) yes"
     # Runs of two threads per rank are not the target's setting, whatever the command line said.
     assert _overhead_target(result(2)) == ("resnet18 224x224 at one thread per rank not measured", "not measured")
+
+
+def test_schedule_runs_every_case_in_every_repeat_and_every_other_repeat_backwards():
+    """A sweep's values are interleaved like its backends, so the machine's drift over minutes cannot favour one."""
+    from benchmarks.throughput import Cell, schedule
+
+    a, b, c = Cell(0, "ddp", 2), Cell(1, "ddp", 2), Cell(1, "independent", 2)
+    assert schedule([a, b, c], 3) == [(0, a), (0, b), (0, c), (1, c), (1, b), (1, a), (2, a), (2, b), (2, c)]
+    assert schedule([a, b], 1) == [(0, a), (0, b)]
+
+
+def test_bench_gives_the_bare_loops_only_to_the_reference_case():
+    from argparse import Namespace
+
+    from benchmarks.throughput import Bench, Case, Cell
+
+    reference, swept = Case("convnet", 8, "HOROVOD_CYCLE_TIME", "auto", env={"HOROVOD_CYCLE_TIME": None}), \
+        Case("convnet", 8, "HOROVOD_CYCLE_TIME", "5", env={"HOROVOD_CYCLE_TIME": "5"})
+    bench = Bench(Namespace(world_sizes=[1, 2]), [])
+    assert bench.cells([reference, swept], ["ddp"], ["bare-batched", "independent"]) == [
+        Cell(0, "ddp", 1), Cell(0, "bare-ddp-batched", 1), Cell(0, "ddp", 2), Cell(0, "bare-ddp-batched", 2),
+        Cell(0, "independent", 2), Cell(1, "ddp", 1), Cell(1, "ddp", 2), Cell(1, "independent", 2)]
 
 
 def test_summarise_computes_scaling_overhead_ratios_and_the_median_split():
