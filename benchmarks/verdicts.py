@@ -26,7 +26,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from common import launch
 from common.compare import analysis, floor, tables, trajectory
@@ -137,18 +137,20 @@ def reusable(run_dir: Path, revision: Optional[str]) -> bool:
 
 class Runner:
     """Launches runs through the registered launchers, each once: a run directory in --work named by its
-    launcher, world size and options is reused when complete and made by this revision (`reusable`)."""
+    launcher, world size and options is reused when this Runner made it, or when it is complete and was made by
+    this revision (`reusable`)."""
 
     def __init__(self, work: Path, timeout_s: float) -> None:
         self.work, self.timeout_s = work, timeout_s
         self.revision = git_revision()
         self.failures: List[Dict] = []
         self.launched = 0
+        self.made: Set[Path] = set()  # this invocation's runs: the same code, whatever the checkout's state
 
     def run(self, launcher: str, np: int, args: Sequence[str]) -> Optional[Path]:
         digest = hashlib.sha256(json.dumps([launcher, np, list(args)]).encode()).hexdigest()[:12]
         run_dir = self.work / f"{launcher}-{np}-{digest}"
-        if reusable(run_dir, self.revision):
+        if run_dir in self.made or reusable(run_dir, self.revision):
             return run_dir
         cmd = launch.get(launcher).command(np, [*args, "--run-dir", str(run_dir)])
         print(f"verdicts: {' '.join(cmd)}", flush=True)
@@ -157,6 +159,7 @@ class Runner:
         try:
             run_job(cmd, run_dir / LAUNCH_LOG, self.timeout_s)
             self.launched += 1
+            self.made.add(run_dir)
             return run_dir
         except JobFailed as exc:
             print(f"verdicts: FAILED: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)

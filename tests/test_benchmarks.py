@@ -578,6 +578,19 @@ def test_verdicts_runner_launches_again_what_another_revision_left(tmp_path):
     assert not (run / SUMMARY_FILE).exists() and not (run / CONFIG_FILE).exists()  # the old run is gone
 
 
+def test_verdicts_runner_reuses_its_own_runs_in_a_checkout_with_changes(tmp_path):
+    """Uncommitted changes make no earlier run reusable, but a run this Runner made trained with this code: the
+    floor's base that is also a case's side is launched once."""
+    from benchmarks.verdicts import Runner
+
+    runner = Runner(tmp_path, timeout_s=120)
+    runner.revision = "a" * 40 + "-dirty"
+    args = ["--model", "mlp", "--max-steps", "1", "--threads", "1"]
+    run = runner.run("none-ddp", 1, args)
+    assert run is not None and (run / SUMMARY_FILE).is_file() and runner.launched == 1
+    assert runner.run("none-ddp", 1, args) == run and runner.launched == 1
+
+
 def test_verdicts_judge_every_pair_of_the_corpus_at_every_floor_size(quick):
     out, _ = quick
     data = read(out, "verdicts.json")
