@@ -164,13 +164,8 @@ step() {
   if [[ "$PASS" == list ]]; then STEPS+=("$name"); return 0; fi
   wanted "$name" || return 0
   if [[ "$QUICK" == 1 ]]; then
-    # Two steps at once, each with an Open MPI session directory of its own: mpiruns of one user on one host
-    # share /tmp/ompi.HOST.UID, which one that ends removes as another may be creating it (open-mpi/ompi#8510).
-    (
-      sessions=$(mktemp -d ${OMPI_MCA_orte_tmpdir_base:+-p "$OMPI_MCA_orte_tmpdir_base"})
-      trap 'rm -rf "$sessions"' EXIT
-      OMPI_MCA_orte_tmpdir_base=$sessions "$PY" "$@"
-    ) &
+    # Two steps at once (each job gets an Open MPI session directory of its own: common.launch.jobs.Job).
+    "$PY" "$@" &
     running+=($!)
     if (( ${#running[@]} >= 2 )); then wait "${running[0]}"; running=("${running[@]:1}"); fi
   else

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -10,9 +9,7 @@ import io
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -53,20 +50,10 @@ class Result(launch_layer.Result):
         return self
 
 
-#: Open MPI 4 keeps every mpirun of a user on a host under one session directory, /tmp/ompi.HOST.UID, which a job
-#: that ends removes when it is empty: a job starting at that moment fails in orte_init ("A call to mkdir was unable
-#: to create the desired directory ... File exists", open-mpi/ompi#8510). The suite starts jobs at once (two
-#: workers, fixtures' thread pools), so this process, and every job it starts, gets a session directory of its own.
-OPEN_MPI_SESSIONS = "OMPI_MCA_orte_tmpdir_base"
-_SESSIONS = Path(tempfile.mkdtemp(prefix="ompi-sessions-"))
-atexit.register(shutil.rmtree, _SESSIONS, True)
-os.environ[OPEN_MPI_SESSIONS] = str(_SESSIONS)  # for the jobs a comparison run in this process launches
-
-
 def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """The environment a run gets: the venv first on PATH, unbuffered output, an Open MPI session directory of
-    its own."""
-    return launch_layer.job_env({OPEN_MPI_SESSIONS: tempfile.mkdtemp(dir=_SESSIONS), **(extra or {})}, python=PY)
+    """The environment a run gets: the venv first on PATH, unbuffered output (each job then gets an Open MPI
+    session directory of its own from common.launch.jobs.Job)."""
+    return launch_layer.job_env(extra, python=PY)
 
 
 def run_cmd(cmd: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None,

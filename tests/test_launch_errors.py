@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from datasets import write_cifar10, write_mnist
-from launched import BIN, OPEN_MPI_SESSIONS, PY, launch, run_cmd
+from launched import BIN, PY, launch, run_cmd
 from processes import Job, assert_nothing_left, worker
+from common.launch.jobs import OPEN_MPI_SESSIONS
 from common.rundir.names import CONFIG_FILE
 
 TINY = ["--model", "mlp", "--max-steps", "3", "--threads", "1"]
@@ -161,8 +162,8 @@ def test_threads_that_start_jobs_at_once_all_find_the_launchers():
 
 def test_open_mpi_jobs_started_at_once_each_use_a_session_directory_of_their_own():
     """Open MPI 4 keeps a user's mpiruns on a host under one session directory, which one that ends removes as
-    another may be creating it (open-mpi/ompi#8510): each job the suite starts at once has its own, and Open MPI
-    puts its session there."""
+    another may be creating it (open-mpi/ompi#8510): each job started at once has its own, Open MPI puts its session
+    there, and it is gone once the job has ended."""
     from hvd_train.launch import mpi_flags
 
     show = ["mpirun", *mpi_flags(), "-np", "2", "sh", "-c", f'ls -d "${OPEN_MPI_SESSIONS}"/ompi.*/*']
@@ -171,3 +172,4 @@ def test_open_mpi_jobs_started_at_once_each_use_a_session_directory_of_their_own
     bases = [{Path(line).parents[1] for line in result.output.split()} for result in results]
     assert all(len(base) == 1 for base in bases), [result.output for result in results]
     assert len(set().union(*bases)) == 4, bases
+    assert not any(base.exists() for base in set().union(*bases))

@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -24,6 +26,11 @@ import psutil
 
 #: seconds a stopped job gets to end by itself before what is left of it is killed
 STOP_GRACE_S = 15.0
+#: Open MPI 4 keeps every mpirun of a user on a host under one session directory, /tmp/ompi.HOST.UID, which a job
+#: that ends removes when it is empty: a job starting at that moment fails in orte_init ("A call to mkdir was unable
+#: to create the desired directory ... File exists", open-mpi/ompi#8510). So each Job gets a base of its own
+#: (under the one the caller set, if any), removed when the job has ended.
+OPEN_MPI_SESSIONS = "OMPI_MCA_orte_tmpdir_base"
 
 
 def job_env(extra: Optional[Dict[str, str]] = None, python: str = sys.executable) -> Dict[str, str]:
@@ -87,7 +94,10 @@ class Job:
             self._log = open(log, "w")
             self._log.write("$ " + " ".join(self.cmd) + "\n")
             self._log.flush()
-        self.proc = subprocess.Popen(self.cmd, cwd=cwd, env=env if env is not None else job_env(), text=True,
+        env = dict(env if env is not None else job_env())
+        self.sessions = Path(tempfile.mkdtemp(prefix="ompi-sessions-", dir=env.get(OPEN_MPI_SESSIONS) or None))
+        env[OPEN_MPI_SESSIONS] = str(self.sessions)
+        self.proc = subprocess.Popen(self.cmd, cwd=cwd, env=env, text=True,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True, errors="replace")
         self._reader = threading.Thread(target=self._read, name=f"job-{self.proc.pid}-output", daemon=True)
@@ -139,7 +149,7 @@ class Job:
             self.stop()
             raise JobTimeout(f"{' '.join(self.cmd)} did not end within {timeout:.0f} s") from None
         self._reader.join(timeout=10)
-        self._close_log()
+        self._release()
         return code
 
     def wait_until(self, condition: Callable[[], object], timeout: float) -> bool:
@@ -186,13 +196,16 @@ class Job:
             _signal_group(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self._reader.join(timeout=10)
-        self._close_log()
+        self._release()
         return self.proc.returncode
 
-    def _close_log(self) -> None:
+    def _release(self) -> None:
+        """Once the job has ended: close its log and remove its Open MPI session base."""
         if self._log is not None and not self._reader.is_alive():
             self._log.close()
             self._log = None
+        if self.proc.poll() is not None:
+            shutil.rmtree(self.sessions, ignore_errors=True)
 
     def __enter__(self) -> "Job":
         return self
