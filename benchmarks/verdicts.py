@@ -144,8 +144,12 @@ class Runner:
         self.work, self.timeout_s = work, timeout_s
         self.revision = git_revision()
         self.failures: List[Dict] = []
-        self.launched = 0
         self.made: Set[Path] = set()  # this invocation's runs: the same code, whatever the checkout's state
+
+    @property
+    def launched(self) -> int:
+        """How many runs this Runner launched (and completed)."""
+        return len(self.made)
 
     def run(self, launcher: str, np: int, args: Sequence[str]) -> Optional[Path]:
         digest = hashlib.sha256(json.dumps([launcher, np, list(args)]).encode()).hexdigest()[:12]
@@ -158,7 +162,6 @@ class Runner:
         run_dir.mkdir(parents=True)
         try:
             run_job(cmd, run_dir / LAUNCH_LOG, self.timeout_s)
-            self.launched += 1
             self.made.add(run_dir)
             return run_dir
         except JobFailed as exc:
