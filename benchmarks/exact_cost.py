@@ -26,7 +26,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -38,9 +38,18 @@ from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 
 from .jobs import add_np, add_places, add_timeout, JobFailed, run_cli, run_job, worker_command
 from .machine import Record, publish
+from .throughput import schedule
 
 MODELS = {"convnet": 32, "resnet18": 64}
 MODES = ("allreduce", "exact")
+
+
+class Cell(NamedTuple):
+    """One run to make in every repeat."""
+
+    model: str
+    mode: str
+    world_size: int
 
 
 def _mode_args(mode: str, np: int, global_batch: int, micro_batch: int) -> List[str]:
@@ -52,46 +61,61 @@ def _mode_args(mode: str, np: int, global_batch: int, micro_batch: int) -> List[
 
 
 def step_time_ratios(rows: List[Dict]) -> List[Dict]:
-    """Per model and world size, exact mode's step time over allreduce mode's (their samples/s medians, inverted)."""
-    found = {(r["model"], r["world_size"], r["mode"]): r["samples_per_s"]["median"] for r in rows}
-    return [{"model": model, "world_size": np, "step_time_ratio": found[model, np, "allreduce"] / found[model, np, "exact"]}
-            for model, np, mode in sorted(found) if mode == "exact" and (model, np, "allreduce") in found]
+    """Per model and world size, exact mode's step time over allreduce mode's: from their samples/s medians
+    (inverted), and per repeat from the two runs that ran next to each other (their spread)."""
+    found = {(r["model"], r["world_size"], r["mode"]): r for r in rows}
+    out = []
+    for model, np, mode in sorted(found):
+        if mode != "exact" or (model, np, "allreduce") not in found:
+            continue
+        fast, exact = found[model, np, "allreduce"], found[model, np, "exact"]
+        by_repeat = dict(zip(exact["repeats"], exact["samples_per_s"]["values"]))
+        paired = [value / by_repeat[repeat] for repeat, value in zip(fast["repeats"], fast["samples_per_s"]["values"])
+                  if repeat in by_repeat]
+        out.append({"model": model, "world_size": np,
+                    "step_time_ratio": fast["samples_per_s"]["median"] / exact["samples_per_s"]["median"],
+                    "per_repeat": stats.spread(paired) if paired else None})
+    return out
 
 
 def speed(args, work: Path, failures: List[Dict]) -> List[Dict]:
-    """samples/s and bytes per step of both modes, per model and world size (median over repeats)."""
-    cells: Dict[tuple, List[Dict]] = {}
-    for repeat in range(args.repeats):
-        for model, size in MODELS.items():
-            if model not in args.models:
-                continue
-            for np in args.np:
-                for mode in MODES:
-                    size = args.image_sizes[model]
-                    run_dir = work / f"{model}-{size}-{mode}-{np}-t{args.threads}-r{repeat + 1}"
-                    samples = (args.steps + 2) * args.global_batch * 2
-                    train = ["--model", model, "--dataset", "synthetic", "--image-size", str(size),
-                             "--synthetic-samples", str(samples), "--epochs", "1", "--max-steps", str(args.steps),
-                             "--threads", str(args.threads), *_mode_args(mode, np, args.global_batch, args.micro_batch),
-                             "--run-dir", str(run_dir)]
-                    cmd = worker_command("torchrun", np, "ddp_train", train)
-                    print(f"exact_cost: {model} {mode} x{np} #{repeat + 1} ...", flush=True)
-                    try:
-                        run_job(cmd, run_dir.with_suffix(".log"), args.timeout)
-                        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
-                        config = json.loads((run_dir / CONFIG_FILE).read_text())
-                    except (JobFailed, OSError, ValueError) as exc:
-                        failures.append({"model": model, "mode": mode, "world_size": np, "error": str(exc)[-2000:]})
-                        continue
-                    cells.setdefault((model, mode, np), []).append(
-                        {"samples_per_s": summary["samples_per_s"], "bytes": summary["reduced_bytes_per_step"],
-                         "threads": config["threads"], "per_rank_batch": config["config"]["batch_size"],
-                         "accumulate": config["config"]["accumulate"],
-                         "micro_batch": config["config"]["micro_batch" if is_exact(config["config"]) else "batch_size"]})
+    """samples/s, exposed communication and bytes per step of both modes, per model and world size (median over
+    repeats). The runs follow throughput's schedule: both modes of a setting next to each other, every other
+    repeat backwards, so that the machine's drift falls on both alike."""
+    cells = [Cell(model, mode, np) for model in MODELS if model in args.models for np in args.np for mode in MODES]
+    measured: Dict[tuple, List[Dict]] = {}
+    for repeat, (model, mode, np) in schedule(cells, args.repeats):
+        size = args.image_sizes[model]
+        run_dir = work / f"{model}-{size}-{mode}-{np}-t{args.threads}-r{repeat + 1}"
+        samples = (args.steps + 2) * args.global_batch * 2
+        train = ["--model", model, "--dataset", "synthetic", "--image-size", str(size),
+                 "--synthetic-samples", str(samples), "--epochs", "1", "--max-steps", str(args.steps),
+                 "--threads", str(args.threads), *_mode_args(mode, np, args.global_batch, args.micro_batch),
+                 "--run-dir", str(run_dir)]
+        cmd = worker_command("torchrun", np, "ddp_train", train)
+        print(f"exact_cost: {model} {mode} x{np} #{repeat + 1} ...", flush=True)
+        try:
+            run_job(cmd, run_dir.with_suffix(".log"), args.timeout)
+            summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+            config = json.loads((run_dir / CONFIG_FILE).read_text())
+        except (JobFailed, OSError, ValueError) as exc:
+            failures.append({"model": model, "mode": mode, "world_size": np, "repeat": repeat + 1,
+                             "error": str(exc)[-2000:]})
+            continue
+        measured.setdefault((model, mode, np), []).append(
+            {"repeat": repeat + 1, "samples_per_s": summary["samples_per_s"],
+             "comm_ms": (summary.get("time_split") or {}).get("comm_ms"),
+             "bytes": summary["reduced_bytes_per_step"], "threads": config["threads"],
+             "per_rank_batch": config["config"]["batch_size"], "accumulate": config["config"]["accumulate"],
+             "micro_batch": config["config"]["micro_batch" if is_exact(config["config"]) else "batch_size"]})
     rows = []
-    for (model, mode, np), runs in sorted(cells.items()):
+    for (model, mode, np), runs in sorted(measured.items()):
+        runs.sort(key=lambda r: r["repeat"])
+        comm = [r["comm_ms"] for r in runs if r["comm_ms"] is not None]
         rows.append({"model": model, "mode": mode, "world_size": np,
                      "samples_per_s": stats.spread([r["samples_per_s"] for r in runs]),
+                     "repeats": [r["repeat"] for r in runs],
+                     "comm_ms": stats.spread(comm) if comm else None,
                      "bytes_per_step": runs[0]["bytes"], "threads": runs[0]["threads"],
                      **{k: runs[0][k] for k in ("per_rank_batch", "accumulate", "micro_batch")}})
     return rows
@@ -169,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"image sizes (default: {', '.join(f'{m}={s}' for m, s in MODELS.items())})")
     p.add_argument("--threads", type=int, default=1, help="threads per rank, in both modes")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps per run (the first is not timed)")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2,
+                   help="runs of each mode and setting, both modes next to each other, every other repeat backwards")
     p.add_argument("--no-distance", dest="distance", action="store_false",
                    help="skip the two default trainings (minutes)")
     add_timeout(p, 1800)

@@ -41,8 +41,8 @@ quick_steps() {
   finish  # loop_overhead reads allreduce.json
   step -m benchmarks.loop_overhead --models convnet --image-size 8 --batch-size 4 --repeats 5 --out "$OUT"
   step -m benchmarks.ddp_comm_hook --np 1 --image-size 8 --batch-size 4 --blocks 1 --steps 3 --runs 1 --out "$OUT"
-  step -m benchmarks.throughput --np 2 --backends ddp "${TINY[@]}" --out "$OUT" --work "$WORK/throughput" \
-      -- --threads 2
+  step -m benchmarks.throughput --np 2 --backends ddp "${TINY[@]}" --steps convnet=3 --out "$OUT" \
+      --work "$WORK/throughput" -- --threads 2
   step -m benchmarks.throughput --np 1 --backends horovod-gloo "${TINY[@]}" --baselines none \
       --sweep HOROVOD_CYCLE_TIME=auto,5 --out "$OUT/scaling-1thread" --work "$WORK/scaling-1thread" -- --threads 1
   step -m benchmarks.throughput --np 1 --backends horovod-gloo "${TINY[@]}" --baselines none \
@@ -64,7 +64,7 @@ quick_steps() {
       --sweep deterministic=off,on --out "$OUT/deterministic" --work "$WORK/deterministic"
   step -m benchmarks.throughput --np 1 --backends horovod-gloo "${TINY[@]}" --baselines none \
       --sweep HVD_TRAIN_WAIT=spin,auto --out "$OUT/horovod-wait" --work "$WORK/horovod-wait"
-  step -m benchmarks.exact_cost --np 1,2 --models convnet --global-batch 8 --micro-batch 4 --steps 2 --repeats 1 \
+  step -m benchmarks.exact_cost --np 1,2 --models convnet --global-batch 8 --micro-batch 4 --steps 2 --repeats 2 \
       --no-distance --out "$OUT" --work "$WORK/exact"
   step -m benchmarks.verdicts --quick --max-floor 2 --out "$OUT" --work "$WORK/verdicts"
   step -m benchmarks.probe_cost --np 1 --cases convnet=8 --batch-size 4 --steps 3 --repeats 1 --out "$OUT" \
@@ -88,9 +88,11 @@ full_steps() {
   step -m benchmarks.ddp_comm_hook --np 2 --model convnet --image-size 32 --runs 3 --out "$OUT"
   # convnet 32x32 and resnet18 224x224, per-rank batch 16, one thread per rank, every backend, with both bare
   # DDP loops (seed-style and batched data path) and N independent processes as references: the loop and
-  # exchange-overhead targets.
+  # exchange-overhead targets. convnet's steps take milliseconds: it takes more of them, so that each run times
+  # seconds; four repeats, because identical runs on a shared machine differ by more than the targets' margins.
   step -m benchmarks.throughput --np 1,2 --models convnet,resnet18 --image-size convnet=32,resnet18=224 \
-      --batch-size 16 --steps 12 --repeats 2 --backends ddp,horovod-gloo,horovod-mpi --out "$OUT" -- --threads 1
+      --batch-size 16 --steps convnet=200,resnet18=12 --repeats 4 --backends ddp,horovod-gloo,horovod-mpi \
+      --out "$OUT" -- --threads 1
   # Scaling at one thread per rank (the CPU analogue of one GPU per rank): the scaling target, with
   # Horovod's cycle time left to hvd_train (auto) and set by hand.
   step -m benchmarks.throughput --np 1,2 --models resnet18 --image-size 224 --batch-size 16 --steps 10 \
@@ -126,7 +128,7 @@ full_steps() {
       --repeats 2 --backends horovod-gloo --baselines none --sweep HVD_TRAIN_WAIT=spin,auto \
       --out "$OUT/horovod-wait" -- --threads 1
   # --reduction exact against allreduce: speed, bytes, fixed-point error, distance after the default run.
-  step -m benchmarks.exact_cost --np 2,3 --image-size resnet18=224 --steps 6 --out "$OUT"
+  step -m benchmarks.exact_cost --np 2,3 --image-size resnet18=224 --steps 6 --repeats 4 --out "$OUT"
   # The verdicts on a corpus of same-training and real-difference pairs, against floors of 1 to 5 disturbed runs.
   step -m benchmarks.verdicts --out "$OUT"
   # What the probe of compare-backends --scripts costs a user's DDP script: resnet18 224x224 and convnet 32x32.

@@ -238,14 +238,19 @@ def exact_cost_tables(results: Results, name: str) -> str:
         result = results.get(name)
         st = result["settings"]
         speed = {(r["model"], r["world_size"], r["mode"]): r for r in result["speed"]}
+        paired = {(c["model"], c["world_size"]): c.get("per_repeat") for c in result.get("cost", [])}
         rows = []
         for model, np in sorted({(m, n) for m, n, _ in speed}):
             a, e = speed.get((model, np, "allreduce")), speed.get((model, np, "exact"))
             ratio = (a["samples_per_s"]["median"] / e["samples_per_s"]["median"]) if a and e else None
+            per_repeat = paired.get((model, np))
             rows.append([f"{model} {st['image_sizes'][model]}x{st['image_sizes'][model]}", np,
                          spread_cell(a["samples_per_s"]) if a else tables.MISSING,
                          spread_cell(e["samples_per_s"]) if e else tables.MISSING,
                          f"{ratio:.2f}x" if ratio else tables.MISSING,
+                         (f"{per_repeat['min']:.2f}–{per_repeat['max']:.2f}x" if per_repeat else tables.MISSING),
+                         *(tables.measured(m["comm_ms"]["median"], m["comm_ms"]["min"], m["comm_ms"]["max"])
+                           if m and m.get("comm_ms") else tables.MISSING for m in (a, e)),
                          tables.size(a["bytes_per_step"]) if a else tables.MISSING,
                          tables.size(e["bytes_per_step"]) if e else tables.MISSING])
         if "threads" in st:  # both modes on the same micro-batches, the same threads
@@ -257,7 +262,8 @@ def exact_cost_tables(results: Results, name: str) -> str:
         text = (f"{st['launcher']}, global batch {st['global_batch']} in both modes, {how}, {st['steps']} steps, "
                 f"median (min–max) over {st['repeats']} repeats:\n\n"
                 + tables.markdown(["model", "np", "allreduce samples/s", "exact samples/s",
-                                   "exact step time / allreduce's",
+                                   "exact step time / allreduce's", "per repeat (the two runs side by side)",
+                                   "allreduce exposed comm ms/step", "exact exposed comm ms/step",
                                    "allreduce bytes/step", "exact bytes/step"], rows))
         errors = [[e["model"], e["micro_batches"], f"{e['fixed_point']:.1e}", f"{e['float32_sum']:.1e}"]
                   for e in result["fixed_point_error"]]

@@ -39,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from common import launch
 from common.compare import stats, tables
@@ -66,6 +66,7 @@ class BareLoop(NamedTuple):
 #: --baselines name -> the bare DDP loop it runs
 BARE = {"bare": BareLoop("bare-ddp", "seed", "loop_ratio"),
         "bare-batched": BareLoop("bare-ddp-batched", "batched", "loop_ratio_batched")}
+BARE_BY_LABEL = {bare.label: bare for bare in BARE.values()}
 BASELINES = (*BARE, "independent")
 #: a sweep value that leaves the knob unset
 AUTO = "auto"
@@ -85,6 +86,7 @@ class Case:
 
     model: str
     image_size: int
+    steps: int  # optimizer steps per run, the first not timed
     knob: Optional[str] = None
     value: Optional[str] = None
     train_args: List[str] = field(default_factory=list)
@@ -104,21 +106,37 @@ class Case:
         return self.model + (f"-{self.knob}-{self.value}" if self.knob else "")
 
 
-def parse_image_sizes(text: str) -> Dict[str, int]:
-    """'64' (every model) or 'convnet=32,resnet18=224' -> {model or '*': size}."""
-    out = {}
-    try:
-        for part in text.split(","):
-            if "=" in part:
-                model, size = part.split("=", 1)
-                out[model.strip()] = int(size)
-            elif part.strip():
-                out["*"] = int(part)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: write a size (64) or model=size pairs (convnet=32,resnet18=224)")
-    if not out or min(out.values()) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: image sizes must be >= 1")
-    return out
+def per_model(what: str, example: str, least: int) -> Callable[[str], Dict[str, int]]:
+    """A parser of one number for every model ('64') or one per model ('convnet=32,resnet18=224') ->
+    {model or '*': number}, each at least `least`."""
+
+    def parse(text: str) -> Dict[str, int]:
+        out = {}
+        try:
+            for part in text.split(","):
+                if "=" in part:
+                    model, number = part.split("=", 1)
+                    out[model.strip()] = int(number)
+                elif part.strip():
+                    out["*"] = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: write {what} for every model or model=N pairs ({example})")
+        if not out or min(out.values()) < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: {what} must be >= {least}")
+        return out
+
+    return parse
+
+
+#: --image-size: '64', or per model
+parse_image_sizes = per_model("an image size", "convnet=32,resnet18=224", 1)
+#: --steps: '12', or per model, so that a fast model's runs time as long as a slow one's (the first step is not timed)
+parse_steps = per_model("a step count", "convnet=150,resnet18=12", 2)
+
+
+def for_model(numbers: Dict[str, int], model: str) -> Optional[int]:
+    """A model's number from a per-model option: its own, or the one for every model."""
+    return numbers.get(model, numbers.get("*"))
 
 
 def parse_sweep(text: str) -> Tuple[str, List[str]]:
@@ -163,9 +181,12 @@ def build_cli() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=parse_image_sizes, default=None,
                    help="synthetic image size: one for all (64) or per model (default convnet=32,resnet18=224)")
     p.add_argument("--batch-size", type=int, default=16, help="per-rank batch (fixed across world sizes)")
-    p.add_argument("--steps", type=int, default=12, help="optimizer steps per run (the first is not timed)")
-    p.add_argument("--repeats", type=int, default=3, help="runs of every cell; median and spread. Repeats are interleaved across every case and sweep value, "
-                        "every other one backwards")
+    p.add_argument("--steps", type=parse_steps, default=parse_steps("12"),
+                   help="optimizer steps per run (the first is not timed): one for all (12) or per model "
+                        "(convnet=150,resnet18=12)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs of every cell; median and spread. Repeats are interleaved across every case and sweep "
+                        "value, every other one backwards")
     p.add_argument("--baselines", default=",".join(BASELINES),
                    help="reference runs: bare (benchmarks/bare_ddp.py, per-sample DataLoader as a user writes it), "
                         "bare-batched (the same loop on our batched data path), independent (no exchange), or none")
@@ -196,8 +217,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _fail(f"--backends {args.backends!r}: choose from {', '.join(BACKENDS)}")
     if any(b not in BASELINES for b in baselines):
         return _fail(f"--baselines {args.baselines!r}: choose from {', '.join(BASELINES)} or none")
-    if min(args.repeats, args.steps, args.batch_size) < 1 or args.steps < 2:
-        return _fail("--repeats and --batch-size must be >= 1 and --steps >= 2 (the first step is not timed)")
+    if min(args.repeats, args.batch_size) < 1:
+        return _fail("--repeats and --batch-size must be >= 1")
     if len(args.sweep) > 1:
         return _fail("one --sweep at a time (each value is measured against the same baseline)")
     owned = ("--run-dir", "--model", "--dataset", "--image-size", "--batch-size", "--max-steps", "--epochs",
@@ -217,8 +238,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if too_big:
             return _fail(f"--models {','.join(too_big)} needs larger images than the digits' {side}x{side}; "
                          "use e.g. --models convnet,mlp")
-        if args.steps > steps_per_epoch:
-            return _fail(f"--steps {args.steps} is more than the {steps_per_epoch} steps of one digits epoch at "
+        longest = max(for_model(args.steps, m) or 0 for m in models)
+        if longest > steps_per_epoch:
+            return _fail(f"--steps {longest} is more than the {steps_per_epoch} steps of one digits epoch at "
                          f"world size {max(args.world_sizes)} and batch {args.batch_size}; lower --steps or --batch-size")
     else:
         sizes = args.image_size or parse_image_sizes("convnet=32,resnet18=224")
@@ -227,6 +249,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         size = sizes.get(model, sizes.get("*"))
         if size is None:
             return _fail(f"no --image-size for {model}; add {model}=N or give one size for all")
+        steps = for_model(args.steps, model)
+        if steps is None:
+            return _fail(f"no --steps for {model}; add {model}=N or give one step count for all")
         swept = []
         for knob, values in args.sweep:
             for value in values:
@@ -234,10 +259,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     k_args, k_env = knob_args(knob, value)
                 except ValueError as exc:
                     return _fail(str(exc))
-                swept.append(Case(model, size, knob, value, k_args, k_env))
+                swept.append(Case(model, size, steps, knob, value, k_args, k_env))
         # A value that sets nothing (auto, a flag's off) is the case with no knob: measured once, by its name.
         if not any(sets_nothing(case.train_args, case.env) for case in swept):
-            cases.append(Case(model, size))
+            cases.append(Case(model, size, steps))
         cases.extend(swept)
     # Check every training option once, here, with the training parser itself.
     for case in cases:
@@ -248,7 +273,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     bench.measure(cases, backends, baselines)
     report = {**record.header(),
               "settings": {"world_sizes": args.world_sizes, "backends": backends, "batch_size": args.batch_size,
-                           "steps": args.steps, "repeats": args.repeats, "extra_train_args": extra,
+                           "steps": {case.model: case.steps for case in cases}, "repeats": args.repeats, "extra_train_args": extra,
                            "dataset": args.dataset},
               "definitions": DEFINITIONS, "cases": bench.cases, "failures": bench.failures}
     report["plot"] = plot(report, args.out)
@@ -290,12 +315,12 @@ def base_args(case: Case, args, world_size: int, run_dir: Path) -> List[str]:
     the digits are."""
     if args.dataset == "digits":
         return ["--model", case.model, "--dataset", "digits", "--batch-size", str(args.batch_size), "--epochs", "1",
-                "--max-steps", str(args.steps), "--run-dir", str(run_dir)]
-    per_rank = (args.steps + 1) * args.batch_size
+                "--max-steps", str(case.steps), "--run-dir", str(run_dir)]
+    per_rank = (case.steps + 1) * args.batch_size
     samples = math.ceil(per_rank * max(args.world_sizes) / (1 - VAL_FRACTION)) + 1
     return ["--model", case.model, "--dataset", "synthetic", "--image-size", str(case.image_size),
             "--synthetic-samples", str(samples), "--batch-size", str(args.batch_size), "--epochs", "1",
-            "--max-steps", str(args.steps), "--run-dir", str(run_dir)]
+            "--max-steps", str(case.steps), "--run-dir", str(run_dir)]
 
 
 def run_threads(run_dir: Path, summary: Dict) -> Optional[int]:
@@ -360,11 +385,11 @@ class Bench:
         args, np, label = self.args, cell.world_size, cell.label
         work = args.work / case.slug
         run_dir = work / f"{label}-{np}-r{repeat + 1}"
-        bare = next((b for b in BARE.values() if b.label == label), None)
         if label in BACKENDS:
             cmd = launch.get(BACKENDS[label]).command(np, self._train_args(case, np, run_dir))
             return self._one(case, label, np, repeat, [cmd], [run_dir])
-        if bare is not None:
+        if label in BARE_BY_LABEL:
+            bare = BARE_BY_LABEL[label]
             # The bare loop gets the base settings and the options after -- (its threads above all), not the
             # swept knob: it has none of the tuning knobs.
             cmd = worker_command("torchrun", np, "benchmarks.bare_ddp",
@@ -433,7 +458,8 @@ def summarise(case: Case, runs: List[Dict], backends: List[str]) -> Dict:
                                    key=lambda r: r["samples_per_s"])
         if middle:
             splits[key] = middle["time_split"]
-    return {"name": case.name, "model": case.model, "image_size": case.image_size, "knob": case.knob,
+    return {"name": case.name, "model": case.model, "image_size": case.image_size, "steps": case.steps,
+            "knob": case.knob,
             "value": case.value, "train_args": case.train_args, "env": case.env, "runs": runs,
             "throughput": throughput, "scaling_efficiency": scaling,
             "exchange_overhead": {k: v for k, v in overhead.items() if v}, **ratios, "time_split": splits}

@@ -30,7 +30,11 @@ def _ordered(keys) -> List[str]:
 def _settings_line(result: Dict) -> str:
     st = result["settings"]
     extra = f", every run with `{' '.join(st['extra_train_args'])}`" if st.get("extra_train_args") else ""
-    return (f"{st['dataset'].capitalize()} data, per-rank batch {st['batch_size']}, {st['steps']} steps per run "
+    steps = st["steps"]  # one count, or one per model
+    if isinstance(steps, dict):
+        steps = (str(next(iter(steps.values()))) if len(set(steps.values())) == 1
+                 else ", ".join(f"{n} ({model})" for model, n in steps.items()))
+    return (f"{st['dataset'].capitalize()} data, per-rank batch {st['batch_size']}, {steps} steps per run "
             f"(the first not timed), median (min–max) of {st['repeats']} repeat(s){extra}.")
 
 

@@ -152,6 +152,7 @@ def test_throughput_reports_overhead_and_both_loop_ratios(quick):
     data = read(out, "throughput.json")
     (case,) = data["cases"]
     assert case["model"] == "convnet" and case["image_size"] == 8
+    assert data["settings"]["steps"] == {"convnet": 3} and case["steps"] == 3  # given per model: convnet=3
     cells = case["throughput"]
     assert set(cells) == {"ddp@2", "bare-ddp@2", "bare-ddp-batched@2", "independent@2"}
     for cell in cells.values():
@@ -265,8 +266,8 @@ def test_bench_gives_the_bare_loops_only_to_the_reference_case():
 
     from benchmarks.throughput import Bench, Case, Cell
 
-    reference, swept = Case("convnet", 8, "HOROVOD_CYCLE_TIME", "auto", env={"HOROVOD_CYCLE_TIME": None}), \
-        Case("convnet", 8, "HOROVOD_CYCLE_TIME", "5", env={"HOROVOD_CYCLE_TIME": "5"})
+    reference, swept = Case("convnet", 8, 3, "HOROVOD_CYCLE_TIME", "auto", env={"HOROVOD_CYCLE_TIME": None}), \
+        Case("convnet", 8, 3, "HOROVOD_CYCLE_TIME", "5", env={"HOROVOD_CYCLE_TIME": "5"})
     bench = Bench(Namespace(world_sizes=[1, 2]), [])
     assert bench.cells([reference, swept], ["ddp"], ["bare-batched", "independent"]) == [
         Cell(0, "ddp", 1), Cell(0, "bare-ddp-batched", 1), Cell(0, "ddp", 2), Cell(0, "bare-ddp-batched", 2),
@@ -284,12 +285,29 @@ def test_summarise_computes_scaling_overhead_ratios_and_the_median_split():
     runs = [run("ddp", 2, sps, i) for i, sps in enumerate([300.0, 100.0, 200.0])] + [
         run("ddp", 1, 125.0), run("bare-ddp", 2, 220.0), run("bare-ddp", 1, 100.0),
         run("bare-ddp-batched", 2, 210.0), run("independent", 2, 250.0)]
-    case = summarise(Case("convnet", 8), runs, ["ddp"])
+    case = summarise(Case("convnet", 8, 3), runs, ["ddp"])
     assert case["throughput"]["ddp@2"]["median"] == 200.0 and case["time_split"]["ddp@2"] == {"step_ms": 20.0}
     assert case["scaling_efficiency"]["ddp"] == {"1": 1.0, "2": 0.8}
     assert case["scaling_efficiency"]["bare-ddp"] == {"1": 1.0, "2": 1.1}
     assert case["exchange_overhead"]["ddp"] == {"2": pytest.approx(0.2)}
     assert case["loop_ratio"] == {"1": 0.8, "2": 1.1} and case["loop_ratio_batched"] == {"2": 1.05}
+
+
+def test_steps_and_image_sizes_are_one_for_every_model_or_one_per_model():
+    """A fast model gets more steps than a slow one, so that both runs time seconds, not one scheduler hiccup."""
+    import argparse
+
+    from benchmarks.throughput import Case, base_args, for_model, parse_image_sizes, parse_steps
+
+    steps = parse_steps("convnet=150,resnet18=12")
+    assert (for_model(steps, "convnet"), for_model(steps, "resnet18"), for_model(steps, "mlp")) == (150, 12, None)
+    assert for_model(parse_steps("12"), "mlp") == 12 and parse_image_sizes("64") == {"*": 64}
+    args = argparse.Namespace(dataset="synthetic", batch_size=16, world_sizes=[1, 2])
+    train = base_args(Case("convnet", 32, 150), args, 2, Path("x"))
+    assert train[train.index("--max-steps") + 1] == "150"
+    for bad, message in (("1", "a step count must be >= 2"), ("convnet=x", "write a step count for every model")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            parse_steps(bad)
 
 
 def test_knob_values_set_options_and_environment_or_leave_them_unset():
@@ -311,6 +329,8 @@ def test_knob_values_set_options_and_environment_or_leave_them_unset():
     (["--np", "2", "--dataset", "digits", "--models", "convnet", "--steps", "500"],
      "is more than the 45 steps of one digits epoch"),
     (["--np", "2", "--baselines", "bare,fastest"], "--baselines 'bare,fastest': choose from bare, bare-batched"),
+    (["--np", "2", "--models", "convnet,resnet18", "--steps", "convnet=150"],
+     "no --steps for resnet18; add resnet18=N or give one step count for all"),
 ])
 def test_throughput_refuses_what_it_cannot_run_before_starting(capsys, tmp_path, args, message):
     from benchmarks import throughput
@@ -530,10 +550,15 @@ def test_exact_cost_compares_both_modes_on_the_same_micro_batches_at_each_world_
     for np in (1, 2):  # allreduce mode: per-rank batches of the micro-batch, accumulated up to the global batch
         a = cells["convnet", "allreduce", np]
         assert (a["per_rank_batch"], a["accumulate"]) == (4, 8 // (4 * np))
-    # Its cost: exact mode's step time over allreduce mode's, from the medians.
+    # Its cost: exact mode's step time over allreduce mode's, from the medians, and per repeat from the two
+    # runs made side by side (allreduce then exact, then exact then allreduce).
     for c in data["cost"]:
-        a, e = (cells["convnet", mode, c["world_size"]]["samples_per_s"]["median"] for mode in ("allreduce", "exact"))
-        assert c["step_time_ratio"] == pytest.approx(a / e)
+        a, e = (cells["convnet", mode, c["world_size"]]["samples_per_s"] for mode in ("allreduce", "exact"))
+        assert c["step_time_ratio"] == pytest.approx(a["median"] / e["median"])
+        assert c["per_repeat"]["values"] == pytest.approx([x / y for x, y in zip(a["values"], e["values"])])
+        assert c["per_repeat"]["n"] == 2
+    for r in cells.values():
+        assert r["repeats"] == [1, 2] and r["comm_ms"]["n"] == 2
     assert [c["world_size"] for c in data["cost"]] == [1, 2]
     # int64 sums of every gradient plus the exchanged values: more than twice float32 gradients.
     for np in (1, 2):
