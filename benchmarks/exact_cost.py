@@ -15,7 +15,7 @@
   the largest element-wise weight difference. It is more than the rounding of the sums: exact mode
   normalises BatchNorm over micro-batches and groups the global batch's samples differently.
 
-    python -m benchmarks.exact_cost --np 2,3 --image-size resnet18=224 --steps 6 --out benchmarks/results
+    python -m benchmarks.exact_cost --np 2,3 --image-size resnet18=224 --steps 6 --repeats 4 --out benchmarks/results
 
 Writes DIR/exact_cost.json and prints its tables.
 """
