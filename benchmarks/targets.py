@@ -40,7 +40,8 @@ UNDECIDED = "undecided"
 
 def per_repeat(case: Dict, top: tuple, bottom: tuple, of: Callable[[float, float], float]) -> List[float]:
     """`of(samples/s of top, samples/s of bottom)` for each repeat that has both runs, (label, world size) each:
-    the two runs of one repeat ran minutes apart at most, so the machine's slower stretches fall on both."""
+    the two runs of one repeat ran within one pass of the schedule, so a slower stretch of the machine that lasts
+    longer than one pass falls on both."""
     def by_repeat(label: str, world: int) -> Dict[int, float]:
         return {r.get("repeat", 1): r["samples_per_s"] for r in case.get("runs", [])
                 if (r.get("label"), r.get("world_size")) == (label, world) and r.get("samples_per_s")}
