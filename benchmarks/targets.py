@@ -66,9 +66,21 @@ def worst(verdicts: Sequence[Optional[str]]) -> str:
     return "no" if "no" in verdicts else UNDECIDED if UNDECIDED in verdicts else "yes"
 
 
-def spread_of(values: Sequence[float], spec: str) -> str:
-    """' (per repeat a–b)' when there were several repeats."""
-    return f" (per repeat {format(min(values), spec)}–{format(max(values), spec)})" if len(values) > 1 else ""
+def spread_of(values: Sequence[float], show: Callable[[float], str], between: str = "–") -> str:
+    """' (per repeat a–b)' when there were several repeats, each end written by `show`."""
+    if len(values) < 2:
+        return ""
+    return f" (per repeat {show(min(values))}{between}{show(max(values))})"
+
+
+def ratio(value: float) -> str:
+    """A ratio as the targets table writes it."""
+    return f"{value:.2f}"
+
+
+def signed_percent(value: float) -> str:
+    """A fraction as a signed percent, for costs that can come out negative."""
+    return f"{100 * value:+.1f}%"
 
 
 # ---- targets ----
@@ -90,8 +102,8 @@ def _loop_target(tp: Dict) -> tuple:
                 repeats = per_repeat(case, (bare, int(n)), ("ddp", int(n)), lambda b, d: b / d) or [r]
                 cells.append(judged(repeats, lambda v: v <= limit))
                 shown.append(f"{case['name']} {case['image_size']}x{case['image_size']} x{n} {kind}: {r:.2f}"
-                             + spread_of(repeats, ".2f"))
-        verdicts.append(f"{kind}: {worst(cells) if cells else met(None)}")
+                             + spread_of(repeats, ratio))
+        verdicts.append(f"{kind}: {worst(cells)}")
     return "; ".join(shown), ", ".join(verdicts)
 
 
@@ -106,9 +118,7 @@ def _overhead_target(tp: Dict) -> tuple:
         limit, reads = TARGETS[name]
         repeats = per_repeat(case, (label, 2), ("independent", 2), lambda x, alone: 1 - x / alone)
         repeats = repeats or ([] if value is None else [value])
-        shown.append(f"{NAMES.get(label, label)} {tables.percent(value)}"
-                     + (f" (per repeat {tables.percent(min(repeats))}–{tables.percent(max(repeats))})"
-                        if len(repeats) > 1 else ""))
+        shown.append(f"{NAMES.get(label, label)} {tables.percent(value)}" + spread_of(repeats, tables.percent))
         verdicts.append(f"{NAMES.get(label, label)} (≤ {reads}) "
                         f"{judged(repeats, lambda v: v <= limit) or met(None)}")
     return ", ".join(shown), ", ".join(verdicts)
@@ -126,7 +136,7 @@ def _scaling_target(result: Dict) -> tuple:
         repeats = per_repeat(reference, (label, 2), (label, 1), lambda two, one: two / (2 * one))
         repeats = repeats or ([points["2"]] if "2" in points else [])
         verdict = judged(repeats, lambda v: v >= TARGETS["scaling"][0]) or met(None)
-        verdicts.append(f"{NAMES.get(label, label)} {verdict}{spread_of(repeats, '.2f')}")
+        verdicts.append(f"{NAMES.get(label, label)} {verdict}{spread_of(repeats, ratio)}")
     return "; ".join(shown), ", ".join(verdicts) + f" with {setting(reference)}"
 
 
@@ -177,8 +187,7 @@ def _probe_target(result: Dict) -> tuple:
     # Each repeat is one job in which both variants take turns: its two figures pair up.
     repeats = [1 - probed / bare for bare, probed in zip(row.get("bare_samples_per_s") or [],
                                                          row.get("probed_samples_per_s") or [])] or [row["cost"]]
-    shown = f"{100 * row['cost']:+.1f}%" + (
-        f" (per repeat {100 * min(repeats):+.1f}% to {100 * max(repeats):+.1f}%)" if len(repeats) > 1 else "")
+    shown = signed_percent(row["cost"]) + spread_of(repeats, signed_percent, between=" to ")
     return shown, judged(repeats, lambda v: v <= TARGETS["probe_cost"][0])
 
 
@@ -190,7 +199,7 @@ def _exact_target(result: Dict) -> tuple:
     shown, verdicts = [], []
     for c in cells:
         repeats = (c.get("per_repeat") or {}).get("values") or [c["step_time_ratio"]]
-        shown.append(f"x{c['world_size']} {c['step_time_ratio']:.2f}x" + spread_of(repeats, ".2f"))
+        shown.append(f"x{c['world_size']} {c['step_time_ratio']:.2f}x" + spread_of(repeats, ratio))
         verdicts.append(judged(repeats, lambda v: v <= limit))
     return ", ".join(shown), worst(verdicts)
 
