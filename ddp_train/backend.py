@@ -244,10 +244,10 @@ class DDPBackend(Backend):
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return [float(v) for v in tensor.cpu()]
 
-    def all_reduce_(self, tensor):
+    def _started_all_reduce(self, tensor):
         import torch.distributed as dist
 
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True).wait
 
     def broadcast_module(self, module):
         import torch.distributed as dist

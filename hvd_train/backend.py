@@ -275,8 +275,9 @@ class HorovodBackend(Backend):
         tensor = torch.tensor(list(values), dtype=torch.float64)
         return [float(v) for v in self.waiter.result(self.hvd.allreduce_async(tensor, op=self.hvd.Sum))]
 
-    def all_reduce_(self, tensor):
-        self.waiter.result(self.hvd.allreduce_async_(tensor, op=self.hvd.Sum))
+    def _started_all_reduce(self, tensor):
+        handle = self.hvd.allreduce_async_(tensor, op=self.hvd.Sum)
+        return lambda: self.waiter.result(handle)
 
     def broadcast_module(self, module):
         broadcast_state(self.waiter, module.state_dict())

@@ -190,3 +190,70 @@ def test_fixed_point_integers_are_those_of_float64_at_every_scale():
     assert written[100:106].tolist() == [0, 2, 2, 0, -2, 4]
     fixed.add_integers(grads, written)
     assert torch.equal(written, 2 * expected)
+
+
+def test_the_integer_sums_start_bucket_by_bucket_while_the_last_backward_runs():
+    """In a rank's last micro-batch the integer sums start bucket by bucket, from the last layers back, before
+    backward has finished the first layers' gradients; they cover the integers once, in the same order every
+    step, and the step's gradients have the bits of the same integers made after backward, micro-batch by
+    micro-batch (one rank, in process: the launched tests above hold the bits across ranks and backends)."""
+    from types import SimpleNamespace
+
+    from common.config import Config
+    from common.exact.fixedpoint import FixedPoint
+    from common.exact.step import ExactStep
+    from common.loop.backend import LocalBackend
+    from common.loop.metrics import SumMeter
+    from common.loop.precision import Precision
+
+    class Recording(LocalBackend):
+        """One rank that records each integer sum it starts: its elements, and the gradients still missing."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.step, self.started, self.waited = None, [], 0
+
+        def _started_all_reduce(self, tensor):
+            if tensor.dtype == torch.int64:
+                self.started.append((tensor.numel(), self.step._micro.added.count(False)))
+
+            def wait() -> None:
+                self.waited += 1
+
+            return wait
+
+    def mlp() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                   torch.nn.Linear(64, 4))
+
+    # Tensors of 1024, 64, 4096, 64, 256 and 4 elements in buckets of at least 300: [64, 256, 4], [4096], [1024, 64].
+    config = Config(reduction="exact", micro_batch=4, bucket_mb=300 * 8 / 2**20)
+    model, backend = mlp(), Recording()
+    step = ExactStep(model, torch.optim.SGD(model.parameters(), lr=0.1), backend, Precision("off", backend.device),
+                     config, SimpleNamespace(micro_batches=4))
+    backend.step = step
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(16, 16, generator=gen), torch.randint(0, 4, (16,), generator=gen)) for _ in range(2)]
+    meter = SumMeter(["loss", "correct"], backend.device)
+    step([batches[0]], meter, 0)  # the first step measures the scales, and sums once it has them
+    assert [size for size, _ in backend.started] == [324, 4096, 1088]
+    assert backend.started[0][1] > 0 and backend.started[1][1] > 0  # started while gradients were still missing
+
+    scales, weights = list(step.fixed.exponents), {k: v.clone() for k, v in model.state_dict().items()}
+    backend.started, backend.waited = [], 0
+    step([batches[1]], meter, 1)
+    assert [size for size, _ in backend.started] == [324, 4096, 1088] and backend.waited == 3 + 1  # and the vector
+
+    reference = mlp()
+    reference.load_state_dict(weights)
+    fixed = FixedPoint([p.numel() for p in reference.parameters()], 4)
+    fixed.exponents = scales
+    total = torch.zeros(sum(p.numel() for p in reference.parameters()), dtype=torch.int64)
+    for i, (x, y) in enumerate(zip(batches[1][0].split(4), batches[1][1].split(4))):
+        reference.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        fixed.add_integers([p.grad for p in reference.parameters()], total, first=i == 0)
+    expected = [torch.empty_like(p) for p in reference.parameters()]
+    fixed.mean_into(total, 4, expected)
+    assert all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected))

@@ -16,6 +16,7 @@ own rounding of the sum for every element within 2**24 of the largest.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import List, Optional, Sequence
 
@@ -34,6 +35,7 @@ class FixedPoint:
 
     def __init__(self, sizes: Sequence[int], micro_batches: int) -> None:
         self.sizes = list(sizes)
+        self.offsets = [0, *itertools.accumulate(self.sizes)][:-1]  # where each tensor starts in the flat gradients
         self.sum_bits = max(math.ceil(math.log2(micro_batches)), 0)  # bits the sum of all micro-batches adds
         self.exponents: Optional[List[int]] = None  # per tensor: its largest element is below 2**exponent
         self._wide: Optional[torch.Tensor] = None  # add_integers' work buffers
@@ -65,30 +67,35 @@ class FixedPoint:
 
     def add_integers(self, grads: Sequence[torch.Tensor], total: torch.Tensor, first: bool = False) -> None:
         """Add the integers of one micro-batch's gradients (one tensor per parameter, in order) to the flat int64
-        `total`, or write them there when `first`: round(g x 2**k) per element, half to even, made tensor by
-        tensor in work buffers kept between calls, so that no gradient-sized tensor is allocated per call.
+        `total`, or write them there when `first` (see add_tensor_integers)."""
+        for index, grad in enumerate(grads):
+            self.add_tensor_integers(index, grad, total, first)
+
+    def add_tensor_integers(self, index: int, grad: torch.Tensor, total: torch.Tensor, first: bool = False) -> None:
+        """Add the integers of one micro-batch's gradient of tensor `index` to its slice of the flat int64 `total`,
+        or write them there when `first`: round(g x 2**k) per element, half to even, made in work buffers kept
+        between calls, so that no gradient-sized tensor is allocated per call.
 
         The product is exact in float32 when 0 <= k <= 127: 2**k is a float32, and g x 2**k is at most 2**62
         (see _ks) and no smaller than g, so it neither overflows nor loses a bit to underflow; it is then the
         same real number as in float64, rounded to the same integer. Other scales take the float64 path."""
         wides, narrows, floats = self._work(total)
-        offset = 0
-        for grad, k, size in zip(grads, self._ks(), self.sizes):
-            if 0 <= k <= FLOAT32_MAX_EXPONENT:
-                scaled = floats[offset:offset + size]
-                torch.mul(grad.reshape(-1), 2.0 ** k, out=scaled)
-            else:
-                scaled = wides[offset:offset + size]
-                scaled.copy_(grad.reshape(-1))  # float32 to float64: exact
-                scaled.mul_(2.0 ** k)  # a power of two: exact
-            scaled.round_()
-            if first:
-                total[offset:offset + size].copy_(scaled)  # an integer below 2**62: exact
-            else:
-                narrow = narrows[offset:offset + size]
-                narrow.copy_(scaled)
-                total[offset:offset + size].add_(narrow)
-            offset += size
+        k, start = self._ks()[index], self.offsets[index]
+        end = start + self.sizes[index]
+        if 0 <= k <= FLOAT32_MAX_EXPONENT:
+            scaled = floats[start:end]
+            torch.mul(grad.reshape(-1), 2.0 ** k, out=scaled)
+        else:
+            scaled = wides[start:end]
+            scaled.copy_(grad.reshape(-1))  # float32 to float64: exact
+            scaled.mul_(2.0 ** k)  # a power of two: exact
+        scaled.round_()
+        if first:
+            total[start:end].copy_(scaled)  # an integer below 2**62: exact
+        else:
+            narrow = narrows[start:end]
+            narrow.copy_(scaled)
+            total[start:end].add_(narrow)
 
     def mean_into(self, total: torch.Tensor, count: int, grads: Sequence[torch.Tensor]) -> None:
         """Write the mean over `count` micro-batches of the summed integers into `grads` (float32, one tensor per
@@ -96,13 +103,11 @@ class FixedPoint:
         buffer. One division rounds the same real number as multiplying by 2**-k (exact) and then dividing by
         `count` would, so the bits are those of the mean."""
         wides, _, _ = self._work(total)
-        offset = 0
-        for grad, k, size in zip(grads, self._ks(), self.sizes):
-            wide = wides[offset:offset + size]
-            wide.copy_(total[offset:offset + size])
+        for grad, k, start, size in zip(grads, self._ks(), self.offsets, self.sizes):
+            wide = wides[start:start + size]
+            wide.copy_(total[start:start + size])
             wide.div_(count * 2.0 ** k)
             grad.view(-1).copy_(wide)
-            offset += size
 
     def _work(self, total: torch.Tensor):
         """The float64, int64 and float32 work buffers, the size of the flat gradients (made once)."""

@@ -5,7 +5,9 @@ the global batch; each rank computes a contiguous block of them, one after the o
 any other world size would compute it (the same samples, weights, thread count and random numbers).
 What would make the result depend on who computed what is taken out:
 
-- the sum of gradients: fixed-point integers, summed by the backend's integer allreduce (fixedpoint.py);
+- the sum of gradients: fixed-point integers, summed by the backend's integer allreduce (fixedpoint.py),
+  made tensor by tensor as backward finishes each gradient, and started bucket by bucket during the
+  rank's last micro-batch (buckets.py);
 - the order of anything else summed: each micro-batch's loss, correct count, largest gradient and
   BatchNorm statistics travel in one float64 vector where every value has its own slot, zero elsewhere,
   so the allreduce adds only zeros to it (x + 0 = x exactly), and every rank then reads all values and
@@ -18,8 +20,10 @@ Clipping and the optimizer then act on the same gradients on every rank.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
+from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import torch
@@ -31,6 +35,7 @@ from common.loop.batches import Batches
 from common.loop.finite import NonFinite
 from common.loop.metrics import SumMeter
 from common.loop.precision import Precision
+from .buckets import BucketedSum
 from .fixedpoint import FixedPoint, tensor_maxima
 from .shardstats import ShardStatistics
 
@@ -60,9 +65,12 @@ class ExactStep:
         self.first = backend.rank * self.local
         self.fixed = FixedPoint([p.numel() for p in self.params], self.count)
         self.stats = ShardStatistics(model)
-        self.chunk = max(1, int(config.bucket_mb * 2**20) // 8)  # int64 elements per integer allreduce
+        self.sums = BucketedSum([p.numel() for p in self.params], max(1, int(config.bucket_mb * 2**20) // 8))
         self._comm_s = 0.0
         self._integers: Optional[torch.Tensor] = None  # this rank's integer sum of its micro-batches' gradients
+        self._micro: Optional[_MicroBatch] = None  # the micro-batch whose backward is running
+        for index, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(functools.partial(self._gradient_done, index))
         # Slots of the exchanged vector: losses, correct counts, each rank's largest gradients, whether
         # each rank's gradients fitted the scales, BatchNorm statistics of each micro-batch.
         tensors = len(self.params)
@@ -81,7 +89,8 @@ class ExactStep:
         shards = list(zip(images.split(self.micro_batch), labels.split(self.micro_batch)))
         while True:
             exchanged, integers, fitted = self._micro_batches(shards, step)
-            self._all_reduce(exchanged)
+            self._timed(self.sums.wait)  # the integer sums the last micro-batch started
+            self._timed(lambda: self.backend.all_reduce_(exchanged))
             maxima = exchanged[self._maxima].view(self.world, -1).max(dim=0).values
             if not bool(torch.isfinite(maxima).all()):
                 raise NonFinite(f"a gradient is not finite at step {step + 1}; stopping without writing a checkpoint "
@@ -89,8 +98,6 @@ class ExactStep:
             if fitted and not bool(exchanged[self._unfit].any()):
                 break
             self.fixed.rescale(maxima)  # a gradient outgrew its scale (or the first step): again, to scale
-        for start in range(0, integers.numel(), self.chunk):
-            self._all_reduce(integers[start:start + self.chunk])
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.empty_like(p)
@@ -108,8 +115,8 @@ class ExactStep:
         return torch.tensor(loss_sum / (self.count * self.micro_batch)), self.count * self.micro_batch
 
     def _micro_batches(self, shards, step: int):
-        """This rank's micro-batches: their integer gradient sum (or None when a gradient outgrew its
-        scale) and the vector of values to exchange."""
+        """This rank's micro-batches: their integer gradient sum (its allreduce started), the vector of values
+        to exchange, and whether every gradient fitted its scale (if not, the integers are of no use)."""
         device = self.params[0].device
         exchanged = torch.zeros(self.width, dtype=torch.float64, device=device)
         if self._integers is None:  # kept between steps: a new one would be paged in afresh every step
@@ -124,26 +131,51 @@ class ExactStep:
             for p in self.params:  # zeroed, not dropped: backward adds into them instead of allocating them anew
                 if p.grad is not None:
                     p.grad.zero_()
-            with self.stats.capture(stats[index]):  # around backward too: it reads the running statistics
-                with self.precision.autocast():
-                    logits = self.model(x)
-                    loss = F.cross_entropy(logits, y)
-                loss.backward()
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            maxima = tensor_maxima(grads)
-            local_maxima = torch.maximum(local_maxima, maxima)
-            fitted = fitted and self.fixed.fits(maxima)
-            if fitted:
-                self.fixed.add_integers(grads, integers, first=i == 0)
+            # The rank's last micro-batch starts the sums; without scales (the first step) every rank knows that
+            # no gradient fits them, and nothing is worth summing.
+            scaled = self.fixed.exponents is not None
+            starts = scaled and i == len(shards) - 1
+            if starts:
+                self.sums.begin(integers, self.backend.all_reduce_start_)
+            self._micro = _MicroBatch(integers, local_maxima, first=i == 0, scaled=scaled, starts=starts,
+                                      added=[False] * len(self.params))
+            try:
+                with self.stats.capture(stats[index]):  # around backward too: it reads the running statistics
+                    with self.precision.autocast():
+                        logits = self.model(x)
+                        loss = F.cross_entropy(logits, y)
+                    loss.backward()  # each gradient's integers are added as soon as it is done (_gradient_done)
+                for t, p in enumerate(self.params):  # the tensors backward gave no gradient
+                    if not self._micro.added[t]:
+                        self._add(t, p.grad if p.grad is not None else torch.zeros_like(p))
+            finally:
+                self._micro = None
+            fitted = fitted and self.fixed.fits(local_maxima)  # if not, the integers are of no use
             exchanged[self._losses][index] = loss.detach().to(torch.float64)
             exchanged[self._correct][index] = (logits.detach().argmax(dim=1) == y).sum().to(torch.float64)
         exchanged[self._maxima].view(self.world, -1)[self.backend.rank] = local_maxima
         exchanged[self._unfit][self.backend.rank] = 0.0 if fitted else 1.0
         return exchanged, integers, fitted
 
-    def _all_reduce(self, tensor: torch.Tensor) -> None:
+    def _gradient_done(self, index: int, param: torch.Tensor) -> None:
+        """Backward has finished the gradient of parameter `index` in one of this step's micro-batches."""
+        if self._micro is not None:  # not a backward of this step's (none runs elsewhere in exact mode)
+            self._add(index, param.grad)
+
+    def _add(self, index: int, grad: torch.Tensor) -> None:
+        """Tensor `index`'s gradient in the running micro-batch: its largest magnitude and its integers; then
+        the bucket sums that are complete start."""
+        micro = self._micro
+        micro.maxima[index] = torch.maximum(micro.maxima[index], tensor_maxima([grad])[0])
+        if micro.scaled:
+            self.fixed.add_tensor_integers(index, grad, micro.integers, first=micro.first)
+        micro.added[index] = True
+        if micro.starts:
+            self.sums.added(index)
+
+    def _timed(self, collective) -> None:
         started = time.perf_counter()
-        self.backend.all_reduce_(tensor)
+        collective()
         self._comm_s += time.perf_counter() - started
 
     def bytes_per_step(self) -> int:
@@ -163,3 +195,15 @@ class ExactStep:
     def load_state_dict(self, state) -> None:
         """Restore it."""
         self.fixed.load_state_dict(state)
+
+
+@dataclass
+class _MicroBatch:
+    """The running micro-batch, as backward finishes its gradients one by one."""
+
+    integers: torch.Tensor  # this rank's integer sum, which its gradients are added to
+    maxima: torch.Tensor  # this rank's largest magnitude per tensor so far this step
+    first: bool  # this rank's first micro-batch: its integers are written, not added
+    scaled: bool  # there are scales to make integers with
+    starts: bool  # its tensors start the bucket sums (the rank's last micro-batch, scaled)
+    added: List[bool] = field(default_factory=list)  # per tensor: its gradient was handled

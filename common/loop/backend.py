@@ -14,7 +14,7 @@ import functools
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -50,7 +50,8 @@ class Tuning:
                    predivide=config.predivide)
 
 
-#: the collectives every backend implements, and what a rank in one is said to wait in (common.faults.liveness)
+#: the collectives every backend implements, and what a rank in one is said to wait in (common.faults.liveness);
+#: all_reduce_ is the base class's own, and marks the wait for its sum
 COLLECTIVES = {"all_reduce_sum": "an allreduce of metrics", "all_reduce_": "an allreduce",
                "broadcast_module": "a broadcast of the weights", "broadcast_buffers": "a broadcast of the buffers",
                "all_gather_object": "an allgather", "barrier": "a barrier"}
@@ -238,9 +239,25 @@ class Backend(abc.ABC):
     def all_reduce_sum(self, values: Sequence[float]) -> List[float]:
         """Element-wise sum of a few float64 numbers over all ranks."""
 
-    @abc.abstractmethod
     def all_reduce_(self, tensor: torch.Tensor) -> None:
         """Sum `tensor` (any dtype, integers included) over all ranks, in place."""
+        self.all_reduce_start_(tensor)()
+
+    def all_reduce_start_(self, tensor: torch.Tensor) -> Callable[[], None]:
+        """Start summing `tensor` (any dtype) over all ranks, in place, and return the call that waits for the
+        sum: the computation in between overlaps it. Every rank starts its sums in the same order and waits
+        for each before it reads the tensor."""
+        wait = self._started_all_reduce(tensor)
+
+        def finish() -> None:
+            with self.activity.waiting(COLLECTIVES["all_reduce_"]):
+                wait()
+
+        return finish
+
+    @abc.abstractmethod
+    def _started_all_reduce(self, tensor: torch.Tensor) -> Callable[[], None]:
+        """The backend's asynchronous in-place sum over all ranks: started, and its wait returned."""
 
     @abc.abstractmethod
     def broadcast_module(self, module: torch.nn.Module) -> None:
@@ -282,8 +299,8 @@ class LocalBackend(Backend):
     def all_reduce_sum(self, values):
         return [float(v) for v in values]
 
-    def all_reduce_(self, tensor):
-        pass
+    def _started_all_reduce(self, tensor):
+        return lambda: None
 
     def broadcast_module(self, module):
         pass
