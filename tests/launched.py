@@ -51,8 +51,8 @@ class Result(launch_layer.Result):
 
 
 def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """The environment a run gets: the venv first on PATH, unbuffered output (each job then gets an Open MPI
-    session directory of its own from common.launch.jobs.Job)."""
+    """The environment a run gets: the venv first on PATH, unbuffered output (each job then gets a temporary
+    folder of its own from common.launch.jobs.Job, for Open MPI's sessions and torchrun's logs)."""
     return launch_layer.job_env(extra, python=PY)
 
 

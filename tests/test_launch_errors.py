@@ -1,7 +1,7 @@
 """Launch problems end in seconds with a message that names them: a port in use, more processes than
 slots, data files that cannot be read. A one-host job listens on loopback only, jobs started from several
-threads at once each find their launcher, and Open MPI jobs the suite starts at once keep their session
-directories apart."""
+threads at once each find their launcher, Open MPI jobs the suite starts at once keep their session
+directories apart, and torchrun leaves no log folders behind."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from datasets import write_cifar10, write_mnist
 from launched import BIN, PY, launch, run_cmd
 from processes import Job, assert_nothing_left, worker
-from common.launch.jobs import OPEN_MPI_SESSIONS
+from common.launch.jobs import OPEN_MPI_SESSIONS, TORCHRUN_LOGS
 from common.rundir.names import CONFIG_FILE
 
 TINY = ["--model", "mlp", "--max-steps", "3", "--threads", "1"]
@@ -173,3 +173,20 @@ def test_open_mpi_jobs_started_at_once_each_use_a_session_directory_of_their_own
     assert all(len(base) == 1 for base in bases), [result.output for result in results]
     assert len(set().union(*bases)) == 4, bases
     assert not any(base.exists() for base in set().union(*bases))
+
+
+def test_a_torchrun_job_logs_in_a_folder_of_its_own_removed_when_it_ends(tmp_path):
+    """Told nothing, torchrun leaves a torchelastic_* folder in the temporary directory after every job: a job
+    started here gives it the job's own folder, gone once the job has ended; a log folder the caller chose wins."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    show = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "1", "--no-python",
+            "sh", "-c", 'echo "error file: $TORCHELASTIC_ERROR_FILE"']
+    result = run_cmd(show, env={"TMPDIR": str(tmp)}, timeout=120).check()
+    (error_file,) = re.findall(r"error file: (\S+)", result.output)
+    assert any(folder.name.startswith("job-") for folder in Path(error_file).parents), error_file
+    assert not Path(error_file).parents[3].exists(), error_file  # the job's torchrun folder, and all in it
+    assert not list(tmp.iterdir())
+    chosen = tmp_path / "chosen"
+    run_cmd(show, env={"TMPDIR": str(tmp), TORCHRUN_LOGS: str(chosen)}, timeout=120).check()
+    assert list(chosen.iterdir()) and not list(tmp.iterdir())

@@ -31,6 +31,10 @@ STOP_GRACE_S = 15.0
 #: to create the desired directory ... File exists", open-mpi/ompi#8510). So each Job gets a base of its own
 #: (under the one the caller set, if any), removed when the job has ended.
 OPEN_MPI_SESSIONS = "OMPI_MCA_orte_tmpdir_base"
+#: torchrun's --log-dir, which it also reads from the environment: without one, every torchrun leaves a folder
+#: torchelastic_* in /tmp that nothing removes. A Job's torchrun keeps its logs in the job's own folder instead,
+#: unless the caller chose a log folder.
+TORCHRUN_LOGS = "PET_LOG_DIR"
 
 
 def job_env(extra: Optional[Dict[str, str]] = None, python: str = sys.executable) -> Dict[str, str]:
@@ -95,8 +99,10 @@ class Job:
             self._log.write("$ " + " ".join(self.cmd) + "\n")
             self._log.flush()
         env = dict(env if env is not None else job_env())
-        self.sessions = Path(tempfile.mkdtemp(prefix="ompi-sessions-", dir=env.get(OPEN_MPI_SESSIONS) or None))
-        env[OPEN_MPI_SESSIONS] = str(self.sessions)
+        # The job's own temporary folder: Open MPI's session base and torchrun's logs, removed when it has ended.
+        self.scratch = Path(tempfile.mkdtemp(prefix="job-", dir=env.get(OPEN_MPI_SESSIONS) or None))
+        env[OPEN_MPI_SESSIONS] = str(self.scratch)
+        env.setdefault(TORCHRUN_LOGS, str(self.scratch / "torchrun"))
         self.proc = subprocess.Popen(self.cmd, cwd=cwd, env=env, text=True,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True, errors="replace")
@@ -200,12 +206,12 @@ class Job:
         return self.proc.returncode
 
     def _release(self) -> None:
-        """Once the job has ended: close its log and remove its Open MPI session base."""
+        """Once the job has ended: close its log and remove its temporary folder."""
         if self._log is not None and not self._reader.is_alive():
             self._log.close()
             self._log = None
         if self.proc.poll() is not None:
-            shutil.rmtree(self.sessions, ignore_errors=True)
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def __enter__(self) -> "Job":
         return self
