@@ -474,14 +474,16 @@ def test_csv_values_are_checked_with_a_message_naming_the_fix():
 
 
 def test_writing_results_leaves_the_recorded_revision_clean_and_a_code_change_does_not(tmp_path):
-    # A benchmark run writes its results into the checkout; its later steps must record the same revision.
+    # A benchmark run writes its results into the checkout; its later steps must record the same revision,
+    # and an edited document or test changes no code.
     clone = tmp_path / "clone"
     assert run_cmd(["git", "clone", "-q", "--depth", "1", f"file://{REPO}", str(clone)]).returncode == 0
     head = run_cmd(["git", "-C", str(clone), "rev-parse", "HEAD"]).output.strip()
     script = """if True:
         from common.rundir.records import git_revision
         print(git_revision())
-        for written in ("benchmarks/results/allreduce.json", "BENCHMARKS.md"):
+        for written in ("benchmarks/results/allreduce.json", "BENCHMARKS.md", "docs/training.md", "README.md",
+                        "tests/test_docs.py", "benchmarks/BENCHMARKS.template.md"):
             open(written, "a").write("\\n")
         print(git_revision())
         open("common/loop/trainer.py", "a").write("\\n")

@@ -46,14 +46,14 @@ def versions() -> Dict[str, Optional[str]]:
     return found
 
 
-#: tracked paths whose changes do not make the code differ from its commit
-NOT_CODE = ("benchmarks/results", "BENCHMARKS.md")
+#: tracked paths whose changes do not make the code differ from its commit: results, documents, tests
+NOT_CODE = ("benchmarks/results", "BENCHMARKS.md", "benchmarks/BENCHMARKS.template.md", "README.md", "docs", "tests")
 
 
 def git_revision() -> Optional[str]:
-    """The project's git commit, with -dirty when tracked files changed; None outside a checkout. Benchmark
-    results and the document rendered from them are not code: writing them leaves the revision clean, so the
-    later steps of a benchmark run record the same revision as the first."""
+    """The project's git commit, with -dirty when tracked code changed; None outside a checkout. Benchmark
+    results, documents and tests are not code: writing them leaves the revision clean, so the later steps of a
+    benchmark run record the same revision as the first, and a run is not marked for an edited sentence."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         rev = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
