@@ -288,6 +288,7 @@ DEFINITIONS = {
     "scaling_efficiency": "throughput(N) / (N x throughput(1)) of the same backend",
     "exchange_overhead": "1 - throughput(N) / sum of samples/s of N independent world-size-1 ddp_train "
                          "processes started together with the threads of one rank each",
+    "process_samples_per_s": "an independent run's processes, each one's samples/s (their sum is the run's)",
     "loop_ratio": "our DDP loop's step time / the seed-style bare DDP loop's (per-sample DataLoader) at the same "
                   "world size (= bare-ddp samples/s / ddp samples/s)",
     "loop_ratio_batched": "our DDP loop's step time / the bare DDP loop's on our batched data path at the same "
@@ -423,8 +424,10 @@ class Bench:
         cpu_s = children_cpu_s() - cpu_before
         print(f"{sps:.1f} samples/s ({time.monotonic() - started:.0f} s, {cpu_s:.0f} CPU s)", flush=True)
         first = summaries[0]
-        return {"label": label, "world_size": np, "repeat": repeat + 1, "samples_per_s": sps, "threads": threads,
-                "job_cpu_s": cpu_s, "job_wall_s": time.monotonic() - started,
+        # N processes alone: each one's own figure too, since N ranks in step go at the pace of the slowest.
+        each = {"process_samples_per_s": [s["samples_per_s"] for s in summaries]} if len(summaries) > 1 else {}
+        return {"label": label, "world_size": np, "repeat": repeat + 1, "samples_per_s": sps, **each,
+                "threads": threads, "job_cpu_s": cpu_s, "job_wall_s": time.monotonic() - started,
                 "time_split": first.get("time_split"), "steps": first.get("steps"),
                 "run_dirs": [str(d) for d in dirs], "command": " ".join(map(str, cmds[0])),
                 "backend_options": first.get("backend_options")}

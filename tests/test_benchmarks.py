@@ -173,8 +173,15 @@ def test_throughput_reports_overhead_and_both_loop_ratios(quick):
         summary = json.loads((Path(runs[label]["run_dirs"][0]) / SUMMARY_FILE).read_text())
         assert summary["data_path"] == data_path and summary["steps"] == 3
     assert len(runs["independent"]["run_dirs"]) == 2
+    each = []
     for run_dir in runs["independent"]["run_dirs"]:
-        assert json.loads((Path(run_dir) / SUMMARY_FILE).read_text())["world_size"] == 1
+        summary = json.loads((Path(run_dir) / SUMMARY_FILE).read_text())
+        assert summary["world_size"] == 1
+        each.append(summary["samples_per_s"])
+    # Each process's own figure is kept beside their sum (ranks in step would go at the slowest one's pace).
+    assert runs["independent"]["process_samples_per_s"] == each
+    assert runs["independent"]["samples_per_s"] == pytest.approx(sum(each))
+    assert "process_samples_per_s" not in runs["ddp"]
     assert "loop/seed" in output and "loop/batched" in output
     # Every baseline ran with the options after -- (--threads 2, not the 1 per rank each would choose at 2 ranks
     # on 2 cores), as the loop it is compared with did.
