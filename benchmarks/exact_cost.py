@@ -44,8 +44,8 @@ MODELS = {"convnet": 32, "resnet18": 64}
 MODES = ("allreduce", "exact")
 
 
-class Cell(NamedTuple):
-    """One run to make in every repeat."""
+class ModeCell(NamedTuple):
+    """One run to make in every repeat: a model in one reduction mode at one world size."""
 
     model: str
     mode: str
@@ -82,7 +82,7 @@ def speed(args, work: Path, failures: List[Dict]) -> List[Dict]:
     """samples/s, exposed communication and bytes per step of both modes, per model and world size (median over
     repeats). The runs follow throughput's schedule: both modes of a setting next to each other, every other
     repeat backwards, so that the machine's drift falls on both alike."""
-    cells = [Cell(model, mode, np) for model in MODELS if model in args.models for np in args.np for mode in MODES]
+    cells = [ModeCell(model, mode, np) for model in MODELS if model in args.models for np in args.np for mode in MODES]
     measured: Dict[tuple, List[Dict]] = {}
     for repeat, (model, mode, np) in schedule(cells, args.repeats):
         size = args.image_sizes[model]
