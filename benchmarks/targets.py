@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional, Sequence
 
 from common.compare import stats, tables
-from common.compare.benchmarks import loop_ratios
 
 from .formatting import NAMES, met, row_at, setting
 from .result_files import Results
-from .throughput import sets_nothing
+from .throughput import BARE, sets_nothing
 
 #: the project's targets, the one place they are written down: name -> (value, how it reads)
 TARGETS = {
@@ -95,11 +94,11 @@ def _reference_case(result: Dict) -> Optional[Dict]:
 def _loop_target(tp: Dict) -> tuple:
     limit = TARGETS["loop_ratio"][0]
     shown, verdicts = [], []
-    for kind, index, bare in (("seed", 0, "bare-ddp"), ("batched", 1, "bare-ddp-batched")):
-        cells = []
+    for bare in BARE.values():  # the seed-style bare loop, then the one on our batched data path
+        kind, cells = bare.data_path, []
         for case in tp["cases"]:
-            for n, r in sorted(loop_ratios(case)[index].items(), key=lambda x: int(x[0])):
-                repeats = per_repeat(case, (bare, int(n)), ("ddp", int(n)), lambda b, d: b / d) or [r]
+            for n, r in sorted((case.get(bare.ratio) or {}).items(), key=lambda x: int(x[0])):
+                repeats = per_repeat(case, (bare.label, int(n)), ("ddp", int(n)), lambda b, d: b / d) or [r]
                 cells.append(judged(repeats, lambda v: v <= limit))
                 shown.append(f"{case['name']} {case['image_size']}x{case['image_size']} x{n} {kind}: {r:.2f}"
                              + spread_of(repeats, ratio))
