@@ -120,7 +120,21 @@ def _overhead_target(tp: Dict) -> tuple:
         shown.append(f"{NAMES.get(label, label)} {tables.percent(value)}" + spread_of(repeats, tables.percent))
         verdicts.append(f"{NAMES.get(label, label)} (≤ {reads}) "
                         f"{judged(repeats, lambda v: v <= limit) or met(None)}")
-    return ", ".join(shown), ", ".join(verdicts)
+    return ", ".join(shown) + _unequal_pace(case), ", ".join(verdicts)
+
+
+def _unequal_pace(case: Dict) -> str:
+    """How far N x the slowest independent process falls below their sum: ranks in step go at the slowest
+    one's pace, so that much of the overhead is the machine's unequal cores, not the exchange ('' when the
+    result has no per-process figures)."""
+    losses = [1 - len(each) * min(each) / sum(each) for r in case.get("runs", [])
+              if r.get("label") == "independent" and r["world_size"] == 2
+              for each in [r.get("process_samples_per_s")] if each]
+    if not losses:
+        return ""
+    median = stats.spread(losses)["median"]
+    return (f"; the independent processes' unequal pace (2 x the slower against their sum) costs "
+            f"{tables.percent(median)}" + spread_of(losses, tables.percent))
 
 
 def _scaling_target(result: Dict) -> tuple:

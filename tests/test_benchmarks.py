@@ -259,6 +259,27 @@ def test_the_exchange_overhead_target_holds_each_backend_to_its_limit_at_one_thr
     assert _overhead_target(result(2)) == ("resnet18 224x224 at one thread per rank not measured", "not measured")
 
 
+def test_the_overhead_target_says_how_much_of_it_the_independent_processes_unequal_pace_explains():
+    """Ranks in step go at the slowest rank's pace, which the sum of independent processes does not pay: the row
+    says how far 2 x the slower process falls below their sum, per repeat, beside the overhead it judges."""
+    from benchmarks.targets import OVERHEAD_TARGET, _overhead_target
+
+    def run(label, repeat, sps, each=None):
+        found = {"label": label, "world_size": 2, "repeat": repeat, "samples_per_s": sps, "threads": 1}
+        return {**found, "process_samples_per_s": each} if each else found
+
+    runs = [run("independent", 1, 10.0, [6.0, 4.0]), run("independent", 2, 10.0, [5.0, 5.0]),
+            run("independent", 3, 12.0, [6.6, 5.4]), *(run(label, r, 8.0) for label in OVERHEAD_TARGET for r in (1, 2, 3))]
+    case = {"model": "resnet18", "image_size": 224, "runs": runs,
+            "exchange_overhead": {label: {"2": 0.2} for label in OVERHEAD_TARGET}}
+    shown, verdict = _overhead_target({"cases": [case]})
+    # 1 - 2 x 4 / 10 = 20%, 0% for equal processes, 1 - 2 x 5.4 / 12 = 10%: the median is 10%
+    assert shown.endswith("; the independent processes' unequal pace (2 x the slower against their sum) costs 10.0% "
+                          "(per repeat 0.0%–20.0%)")
+    # The verdict still judges the overhead against the sum, as the target is written.
+    assert verdict == "DDP (≤ 3%) no, Horovod/MPI (≤ 3%) no, Horovod/Gloo (≤ 6%) no"
+
+
 def test_a_target_is_judged_per_repeat_and_undecided_when_the_repeats_fall_on_both_sides():
     """Identical runs on a shared machine differ by more than some targets' margins: a target is met when every
     repeat meets it, missed when none does, and undecided otherwise, each repeat pairing runs made minutes apart."""
@@ -278,7 +299,7 @@ def test_a_target_is_judged_per_repeat_and_undecided_when_the_repeats_fall_on_bo
             "exchange_overhead": {"ddp": {"2": 0.03}, "horovod-gloo": {"2": 0.1}, "horovod-mpi": {"2": 0.015}},
             "loop_ratio": {"1": 1.0}, "loop_ratio_batched": {"1": 1.03}}
     shown, verdict = _overhead_target({"cases": [case]})
-    assert "DDP 3.0% (per repeat 2.0%–4.0%)" in shown
+    assert "DDP 3.0% (per repeat 2.0%–4.0%)" in shown and "unequal pace" not in shown
     assert verdict == "DDP (≤ 3%) undecided, Horovod/MPI (≤ 3%) yes, Horovod/Gloo (≤ 6%) no"
     shown, verdict = _loop_target({"cases": [case]})
     assert "x1 batched: 1.03 (per repeat 1.01–1.04)" in shown and verdict == "seed: yes, batched: undecided"
