@@ -196,6 +196,11 @@ def verdicts_tables(results: Results, name: str) -> str:
     return framed(results, [name], body)
 
 
+def counted(n: int, word: str, plural: str = "") -> str:
+    """'1 false alarm', '2 false alarms': n and the word in the number it takes."""
+    return f"{n} {word if n == 1 else plural or word + 's'}"
+
+
 def verdicts_sentence(results: Results, name: str) -> str:
     """The corpus in a few sentences, as docs/comparing.md quotes it (tests/test_docs.py checks)."""
     result = results.get(name)
@@ -211,23 +216,29 @@ def verdicts_sentence(results: Results, name: str) -> str:
     same = [c for c in result["cases"] if c["kind"] == "same"]
     real = [c for c in result["cases"] if c["kind"] == "real"]
     by_lr = [c for c in real if ratio(c) <= DEFAULT_MARGIN and c["judged"][key]["correct"]]
+
+    def alarms_of(grid_cell: Dict, where: str) -> tuple:
+        """The same-training pairs called beyond, and how they read: ' (name, Nx its band; ...)' or ''."""
+        alarms = [c for c in same if c["name"] in grid_cell["false_alarms"]]
+        return alarms, (" (" + "; ".join(f"{c['name']}, {ratio(c, where):,.0f}x its band" for c in alarms) + ")"
+                        if alarms else "")
+
+    alarms, shown = alarms_of(default, key)
+    quiet = [c for c in same if c not in alarms]
     text = (f"On {len(same)} same-training pairs and {len(real)} pairs with one real difference, "
             f"{DEFAULT_RUNS} disturbed runs at margin {DEFAULT_MARGIN:g} give "
-            f"{len(default['false_alarms'])} false alarms and {len(default['misses'])} misses: no same-training pair "
-            f"comes above {max(ratio(c) for c in same):.2g}x the floor's band, and every real difference leaves it "
+            f"{counted(len(alarms), 'false alarm')}{shown} and {counted(len(default['misses']), 'miss', 'misses')}: "
+            f"no {'other ' if alarms else ''}same-training pair comes above {max(ratio(c) for c in quiet):.2g}x the "
+            f"floor's band, and every real difference leaves it "
             f"from its first step by at least {min(ratio(c) for c in real if c not in by_lr):,.0f}x")
     if by_lr:
         text += (" or differs in its learning rate (" + ", ".join(f"{c['name']}, {ratio(c):.2g}x" for c in by_lr)
                  + ")")
     one = at.get((1, DEFAULT_MARGIN))
     if one is not None and DEFAULT_RUNS != 1:
-        alarms = [c for c in same if c["name"] in one["false_alarms"]]
-        one_key = f"1@{DEFAULT_MARGIN:g}"
-        shown = (" (" + "; ".join(f"{c['name']}, {ratio(c, one_key):,.0f}x its band" for c in alarms) + ")"
-                 if alarms else "")
-        text += (f". One disturbed run gives {len(one['false_alarms'])} false alarm"
-                 f"{'s' if len(one['false_alarms']) != 1 else ''}{shown} and {len(one['misses'])} miss"
-                 f"{'es' if len(one['misses']) != 1 else ''}")
+        _, shown = alarms_of(one, f"1@{DEFAULT_MARGIN:g}")
+        text += (f". One disturbed run gives {counted(len(one['false_alarms']), 'false alarm')}{shown} and "
+                 f"{counted(len(one['misses']), 'miss', 'misses')}")
     return text + "."
 
 
