@@ -225,7 +225,7 @@ def verdicts_sentence(results: Results, name: str) -> str:
 
     alarms, shown = alarms_of(default, key)
     quiet = [c for c in same if c not in alarms]
-    text = (f"On {len(same)} same-training pairs and {len(real)} pairs with one real difference, "
+    text = (f"On {counted(len(same), 'same-training pair')} and {counted(len(real), 'pair')} with one real difference, "
             f"{DEFAULT_RUNS} disturbed runs at margin {DEFAULT_MARGIN:g} give "
             f"{counted(len(alarms), 'false alarm')}{shown} and {counted(len(default['misses']), 'miss', 'misses')}: "
             f"no {'other ' if alarms else ''}same-training pair comes above {max(ratio(c) for c in quiet):.2g}x the "

@@ -112,3 +112,28 @@ def test_the_verdicts_calibration_is_quoted_from_the_committed_result():
     sentence = verdicts_sentence(Results(RESULTS), "verdicts.json")
     assert sentence.startswith("On ") and "false alarm" in sentence
     assert sentence in (DOCS / "comparing.md").read_text().replace("\n", " ")
+
+def test_the_verdicts_sentence_names_each_false_alarm_and_bounds_only_the_other_pairs(tmp_path):
+    """A same-training pair called beyond is named with its ratio, and 'no other pair comes above' is the largest
+    of the rest; without one, the bound covers every pair; counts take the number they need."""
+    import json
+
+    from benchmarks.sections import Results, verdicts_sentence
+
+    def case(name, kind, ratio, correct=True):
+        judged = {"largest_band_ratio": {"ratio": ratio}, "correct": correct}
+        return {"name": name, "kind": kind, "judged": {"3@30": judged, "1@30": judged}}
+
+    def write(alarms):
+        grid = [{"floor_runs": k, "margin": 30.0, "false_alarms": alarms, "misses": []} for k in (1, 3)]
+        cases = [case("adam", "same", 544.0 if alarms else 0.7, correct=not alarms), case("ddp-gloo", "same", 1.8),
+                 case("lr+5%", "real", 63.0)]
+        (tmp_path / "verdicts.json").write_text(json.dumps({"grid": grid, "cases": cases}))
+        return verdicts_sentence(Results(tmp_path), "verdicts.json")
+
+    assert write(["adam"]) == (
+        "On 2 same-training pairs and 1 pair with one real difference, 3 disturbed runs at margin 30 give 1 false "
+        "alarm (adam, 544x its band) and 0 misses: no other same-training pair comes above 1.8x the floor's band, and "
+        "every real difference leaves it from its first step by at least 63x. One disturbed run gives 1 false alarm "
+        "(adam, 544x its band) and 0 misses.")
+    assert "give 0 false alarms and 0 misses: no same-training pair comes above 1.8x" in write([])
