@@ -67,6 +67,24 @@ def first_departure(base: dict, other: dict, disturbed: list, margin: float) -> 
     return min(leaves)
 
 
+def judged_loss_band(pair: dict, floors: list, margin: float, first: int) -> dict:
+    """Per step, what a pair's loss gap is judged against: the largest gap any disturbed run has reached by then;
+    once the pair's gap, after differing at rounding's size first, passes margin x float32's last bit (its branch),
+    at least what the disturbed runs reach as many steps after they passed it."""
+    def branch(gaps):
+        return next((s for s in sorted(gaps) if gaps[s] > margin * 2.0 ** -23), None)
+
+    aligned = [{s - branch(g): v for s, v in g.items() if s >= branch(g)} for g in floors if branch(g) is not None]
+    start = branch(pair)
+    out, level = {}, 2.0 ** -23
+    for step in sorted(pair):
+        level = max([level] + [g[step] for g in floors])
+        out[step] = level
+        if aligned and start is not None and start > first and step >= start:
+            out[step] = max(level, max(v for a in aligned for n, v in a.items() if n <= step - start))
+    return out
+
+
 def test_the_default_comparison_at_3_ranks_is_never_beyond_the_floor(demo):
     """make demo's comparison (conftest.demo) at seed 42, the default (seeds 7 and 123 of the same training are pairs
     of the committed corpus, benchmarks/results/verdicts.json)."""
@@ -90,10 +108,7 @@ def test_the_default_comparison_at_3_ranks_is_never_beyond_the_floor(demo):
     ddp, hvd = runs["ddp@3#1"], runs["horovod-gloo@3#1"]
     floor_gaps = [relative_gaps(ddp, runs[name]) for name in disturbed]
     pair_gaps = relative_gaps(ddp, hvd)
-    band, level = {}, 2.0 ** -23
-    for step in sorted(pair_gaps):
-        level = max([level] + [g[step] for g in floor_gaps])
-        band[step] = level
+    band = judged_loss_band(pair_gaps, floor_gaps, summary["floor_margin"], pair["first_differing_step"])
     largest = max(pair_gaps[s] / band[s] for s in pair_gaps)
     assert largest <= summary["floor_margin"]
     if pair["largest_band_ratio"]["quantity"] == "loss":
@@ -224,3 +239,56 @@ def test_disturbance_patterns_move_every_nonzero_initial_weight_one_ulp_each_ten
         seen.add(tuple(ways))
     assert directions(1, 6) == [True] * 6 and directions(2, 6) == [False] * 6
     assert len(seen) >= 4  # distinct disturbances
+
+
+def _trajectory(steps: int, branch: int = None, start: float = 1e-5, growth: float = 1.5, jump: float = None) -> dict:
+    """Made-up per-step gaps of the loss, the weights at rounding's size: rounding's size (1e-7) from step 2, then
+    from `branch` on a branch that starts at `start` and grows by `growth` a step up to 1e-2, or a jump to `jump`."""
+    loss = {1: 0.0}
+    for step in range(2, steps + 1):
+        if branch is not None and step >= branch:
+            loss[step] = jump if jump is not None else min(start * growth ** (step - branch), 1e-2)
+        else:
+            loss[step] = 1e-7
+    return {"loss": loss, "weights": {step: 1e-7 if step > 1 else 0.0 for step in range(1, steps + 1)}}
+
+
+def _judge(pair: dict, floor_runs: list, margin: float = 30.0):
+    from common.compare import trajectory
+    judged = trajectory.judged_band(pair, trajectory.band(floor_runs), trajectory.branches(floor_runs, margin), margin)
+    return judged, trajectory.departure(pair, judged, margin)
+
+
+def test_a_same_training_branch_earlier_than_every_disturbed_run_s_is_within_the_floor():
+    """Training branches at a moment that is chance: a pair can branch steps before any disturbed run does. It is
+    judged from where it branches against how the floor's runs grow after theirs, not against the band by then."""
+    floor_runs = [_trajectory(120, branch=40), _trajectory(120, branch=90), _trajectory(120)]
+    pair = _trajectory(120, branch=25)
+    judged, departure = _judge(pair, floor_runs)
+    assert departure is None and judged["loss"]["branch"] == 25 and judged["loss"]["needed"]
+    # Step by step against the band, the same pair reads as beyond it where it branches.
+    from common.compare import trajectory
+    band = trajectory.band(floor_runs)["loss"]
+    assert pair["loss"][25] > 30 * band[25]
+    # A branch that grows faster than any of the floor's is beyond it, where it outgrows them.
+    fast = _trajectory(120, branch=25, growth=3.0)
+    _, departure = _judge(fast, floor_runs)
+    assert departure is not None and departure["branch"] == 25 and departure["step"] > 25
+    assert departure["ratio"] > 30
+
+
+def test_a_real_difference_that_acts_late_is_beyond_the_floor_where_it_jumps():
+    """A change that acts at step 60 (a schedule, an augmentation from the second epoch) after the pair differed by
+    rounding does not grow from rounding's size: it jumps, beyond what the floor's branches start from."""
+    floor_runs = [_trajectory(120, branch=90), _trajectory(120), _trajectory(120)]
+    _, departure = _judge(_trajectory(120, branch=60, jump=5e-3), floor_runs)
+    assert departure["step"] == 60 and departure["branch"] == 60 and departure["ratio"] == pytest.approx(500.0)
+    # A difference large from the pair's first differing step is judged against the band there: no branch excuses it.
+    early = _trajectory(120)
+    early["loss"][2] = 1e-5
+    _, departure = _judge(early, floor_runs)
+    assert departure["step"] == 2 and departure["branch"] is None and departure["ratio"] == pytest.approx(1e-5 / 2 ** -23)
+    # With no disturbed run that branches, the band is all there is.
+    flat = [_trajectory(120), _trajectory(120)]
+    _, departure = _judge(_trajectory(120, branch=25), flat)
+    assert departure["step"] == 25 and departure["branch"] is None

@@ -91,13 +91,18 @@ def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional
         "max_abs_weight_diff": max_dw, "bitwise_identical": identical, "gap": gap, "gaps": tensors,
         "val_top1": [a.summary.get("val_top1"), b.summary.get("val_top1")],
         "noise_floor": None, "floor_ratio": None, "floor_runs": None, "departure": None, "largest_band_ratio": None,
-        "trains_differently_from": None, "within_noise_floor": None, "outcome": outcome(a, b, floor if judged else None),
+        "branches": {}, "trains_differently_from": None, "within_noise_floor": None, "outcome": outcome(a, b, floor if judged else None),
     }
     if judged and not identical:
+        against = trajectory.judged_band(steps, floor["band"], trajectory.branches(
+            [p["steps"] for p in floor["pairs"]], margin), margin)
         out.update(noise_floor=floor["gap"], floor_runs=floor["runs"],
                    floor_ratio=gap / floor["gap"] if floor["gap"] > 0 else float("inf"),
-                   departure=trajectory.departure(steps, floor["band"], margin),
-                   largest_band_ratio=trajectory.largest_ratio(steps, floor["band"]))
+                   departure=trajectory.departure(steps, against, margin),
+                   largest_band_ratio=trajectory.largest_ratio(steps, against),
+                   branches={q: {"step": j["branch"], "levels": {step: j["levels"][step] for step in
+                                                                  sorted(j["from_branches"])}}
+                             for q, j in against.items() if j["needed"]})
     starts = [d for d in (out["departure"] and out["departure"]["step"],
                           out["lr_difference"] and out["lr_difference"]["step"] + 1) if d]
     if not identical and starts:
@@ -125,6 +130,18 @@ def _outcome_text(o: Dict) -> str:
     return "; " + "; ".join(parts)
 
 
+def _reached(d: Dict) -> str:
+    """What a departure's gap was judged against, in words: the band by its step, or the floor's branches as many
+    steps after theirs started as the pair's is after its own."""
+    if d["branch"] is None:
+        return f"rounding gives by then ({d['band']:.1e})"
+    after = d["step"] - d["branch"]
+    if after == 0:
+        return f"a branch of rounding starts from ({d['band']:.1e})"
+    return (f"rounding's branches reach {after} step{'s' if after != 1 else ''} after they start ({d['band']:.1e}; "
+            f"this one started at step {d['branch']})")
+
+
 def _verdict(p: Dict, tolerance: float, tensor: Optional[str], floor: Optional[Dict], margin: float) -> str:
     if p["bitwise_identical"]:
         return "bitwise identical"
@@ -134,7 +151,7 @@ def _verdict(p: Dict, tolerance: float, tensor: Optional[str], floor: Optional[D
     if p["within_noise_floor"] is False:
         d = p["departure"]
         why = [f"{trajectory.WORDS[d['quantity']]} {d['gap']:.1e} apart at step {d['step']}, {d['ratio']:.3g}x what "
-               f"rounding gives by then ({d['band']:.1e})"] if d else []
+               f"{_reached(d)}"] if d else []
         why += [lr_text] if lr else []
         return (f"beyond the noise floor: trains differently from step {p['trains_differently_from']} "
                 f"({'; '.join(why)}){_outcome_text(p['outcome'])}")
@@ -142,9 +159,13 @@ def _verdict(p: Dict, tolerance: float, tensor: Optional[str], floor: Optional[D
         return f"equal within {p['max_abs_weight_diff']:.1e}"
     if p["within_noise_floor"] is True:
         largest = p["largest_band_ratio"]
-        most = (f", at most {largest['ratio']:.2g}x the floor's band ({trajectory.WORDS[largest['quantity']]}, step "
+        most = (f", at most {largest['ratio']:.2g}x what rounding gives ({trajectory.WORDS[largest['quantity']]}, step "
                 f"{largest['step']})") if largest else ""
-        return (f"within the noise floor: rounding apart from step {p['first_differing_step']}{most} over "
+        branched = "".join(f", {trajectory.WORDS[q]} branching at step {step} and growing as the floor's runs do "
+                           f"after they branch"
+                           for q, step in sorted(((q, b["step"]) for q, b in p["branches"].items()),
+                                                 key=lambda item: item[1]))
+        return (f"within the noise floor: rounding apart from step {p['first_differing_step']}{branched}{most} over "
                 f"{p['floor_runs']} disturbed run{'s' if p['floor_runs'] != 1 else ''}; parameters end {p['gap']:.2g} "
                 f"apart (‖Δ‖/‖w‖{where}), rounding alone up to {p['noise_floor']:.2g}{_outcome_text(p['outcome'])}")
     step = p["first_differing_step"]
