@@ -180,12 +180,14 @@ def verdicts_tables(results: Results, name: str) -> str:
         for case in result["cases"]:
             judged = case["judged"].get(key) or {}
             largest = judged.get("largest_band_ratio") or {}
+            branched = ", ".join(f"{q} at {step}" for q, step in sorted((judged.get("branches") or {}).items()))
             rows.append([case["name"], case["what"], case["setting"],
                          "same training" if case["kind"] == "same" else f"differs from step {case['expected_step']}",
-                         tables.number(largest.get("ratio"), ".3g"),
+                         tables.number(largest.get("ratio"), ".3g"), branched or "–",
                          judged.get("trains_differently_from") or "–", "yes" if judged.get("correct") else "**no**"])
         pairs = tables.markdown(["pair", "the Horovod side (or second run)", "setting", "truth",
-                                 "largest gap / band", "judged beyond from step", "right"], rows)
+                                 "largest gap / floor", "judged from its branch", "judged beyond from step", "right"],
+                                rows)
         return (f"{len(result['cases'])} pairs ({sum(c['kind'] == 'same' for c in result['cases'])} same-training, "
                 f"{sum(c['kind'] == 'real' for c in result['cases'])} with one real difference), each judged by "
                 "the comparison's own code against floors of 1 to "
@@ -218,9 +220,9 @@ def verdicts_sentence(results: Results, name: str) -> str:
     by_lr = [c for c in real if ratio(c) <= DEFAULT_MARGIN and c["judged"][key]["correct"]]
 
     def alarms_of(grid_cell: Dict, where: str) -> tuple:
-        """The same-training pairs called beyond, and how they read: ' (name, Nx its band; ...)' or ''."""
+        """The same-training pairs called beyond, and how they read: ' (name, Nx what rounding gives; ...)' or ''."""
         alarms = [c for c in same if c["name"] in grid_cell["false_alarms"]]
-        return alarms, (" (" + "; ".join(f"{c['name']}, {ratio(c, where):,.0f}x its band" for c in alarms) + ")"
+        return alarms, (" (" + "; ".join(f"{c['name']}, {ratio(c, where):,.0f}x what rounding gives" for c in alarms) + ")"
                         if alarms else "")
 
     alarms, shown = alarms_of(default, key)
@@ -228,8 +230,8 @@ def verdicts_sentence(results: Results, name: str) -> str:
     text = (f"On {counted(len(same), 'same-training pair')} and {counted(len(real), 'pair')} with one real difference, "
             f"{DEFAULT_RUNS} disturbed runs at margin {DEFAULT_MARGIN:g} give "
             f"{counted(len(alarms), 'false alarm')}{shown} and {counted(len(default['misses']), 'miss', 'misses')}: "
-            f"no {'other ' if alarms else ''}same-training pair comes above {max(ratio(c) for c in quiet):.2g}x the "
-            f"floor's band, and every real difference leaves it "
+            f"no {'other ' if alarms else ''}same-training pair comes above {max(ratio(c) for c in quiet):.2g}x what "
+            f"rounding gives, and every real difference leaves it "
             f"from its first step by at least {min(ratio(c) for c in real if c not in by_lr):,.0f}x")
     if by_lr:
         text += (" or differs in its learning rate (" + ", ".join(f"{c['name']}, {ratio(c):.2g}x" for c in by_lr)

@@ -104,10 +104,14 @@ def closure(*modules: str) -> FrozenSet[str]:
     return frozenset(str(p.relative_to(REPO)) for p in seen)
 
 
+def training_inputs() -> List[str]:
+    """Every file a run's training depends on: what ddp_train and hvd_train import, and the set-up."""
+    return sorted(closure(*(f"{m}.__main__" for m in TRAINING))) + list(SET_UP)
+
+
 def inputs(benchmark: str) -> List[str]:
     """Every file a result of `benchmarks.<benchmark>` depends on."""
-    files = closure(f"benchmarks.{benchmark}") | closure(*(f"{m}.__main__" for m in TRAINING))
-    return sorted(files) + list(SET_UP)
+    return sorted(set(closure(f"benchmarks.{benchmark}")) | set(training_inputs()))
 
 
 def run_all_steps(mode: str = "full") -> Dict[str, str]:

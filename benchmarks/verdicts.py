@@ -13,8 +13,9 @@ same change made to DDP alone (its twin run), against undisturbed DDP, differs f
     python -m benchmarks.verdicts                    # the whole corpus (about 100 runs: 1 to 2 hours on 2 cores)
     python -m benchmarks.verdicts --quick            # two pairs at a tiny size: checks the pipeline
 
-Runs are kept in --work and reused when the script is run again at the same clean revision of the project (a run
-made by another revision trained with other code: it is launched again). Writes DIR/verdicts.json and prints a table.
+Runs are kept in --work and reused when the script is run again and no file the training depends on has changed
+since the clean revision that made them (a change to how pairs are judged re-judges the same runs; a run made by
+other training code is launched again). Writes DIR/verdicts.json and prints a table.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from common import launch
 from common.compare import analysis, floor, tables, trajectory
 from common.rundir.names import CONFIG_FILE, LAUNCH_LOG, SUMMARY_FILE
 from common.rundir.reader import read_run
-from common.rundir.records import git_revision
 
+from . import stale
 from .jobs import JobFailed, add_places, add_timeout, run_cli, run_job
 from .machine import Record, publish
 
@@ -123,26 +124,31 @@ QUICK = [Case("ddp-gloo", "same", QUICK_SETTING, GLOO, what="DDP vs Horovod/Gloo
          Case("lr+5%", "real", QUICK_SETTING, DDP, ("--lr", "0.0525"), what="learning rate 5% higher, on DDP")]
 
 
-def reusable(run_dir: Path, revision: Optional[str]) -> bool:
-    """Whether a run left in --work stands for a new launch: it is complete and was made by `revision`, the
-    project's clean revision now (a run of another revision, or of changes not committed, trained with other code)."""
-    if revision is None or revision.endswith("-dirty") or not (run_dir / SUMMARY_FILE).is_file():
+def reusable(run_dir: Path) -> bool:
+    """Whether a run left in --work stands for a new launch: it is complete, and it was made by a clean revision of
+    the project whose training is the same as here now (no file a run's training depends on has changed since,
+    benchmarks.stale.training_inputs). A run of changes not committed, or of other training code, is launched again."""
+    if not (run_dir / SUMMARY_FILE).is_file():
         return False
     try:
         made_by = json.loads((run_dir / CONFIG_FILE).read_text())["versions"]["project_git"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return made_by == revision
+    if not made_by or made_by.endswith("-dirty"):
+        return False
+    try:
+        return not stale.changed_since(made_by, stale.training_inputs())
+    except RuntimeError:  # a revision this clone does not have
+        return False
 
 
 class Runner:
     """Launches runs through the registered launchers, each once: a run directory in --work named by its
     launcher, world size and options is reused when this Runner made it, or when it is complete and was made by
-    this revision (`reusable`)."""
+    the same training (`reusable`)."""
 
     def __init__(self, work: Path, timeout_s: float) -> None:
         self.work, self.timeout_s = work, timeout_s
-        self.revision = git_revision()
         self.failures: List[Dict] = []
         self.made: Set[Path] = set()  # this invocation's runs: the same code, whatever the checkout's state
 
@@ -154,7 +160,7 @@ class Runner:
     def run(self, launcher: str, np: int, args: Sequence[str]) -> Optional[Path]:
         digest = hashlib.sha256(json.dumps([launcher, np, list(args)]).encode()).hexdigest()[:12]
         run_dir = self.work / f"{launcher}-{np}-{digest}"
-        if run_dir in self.made or reusable(run_dir, self.revision):
+        if run_dir in self.made or reusable(run_dir):
             return run_dir
         cmd = launch.get(launcher).command(np, [*args, "--run-dir", str(run_dir)])
         print(f"verdicts: {' '.join(cmd)}", flush=True)
@@ -227,7 +233,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "verdict": pair["verdict"], "within_noise_floor": pair["within_noise_floor"],
                     "trains_differently_from": pair["trains_differently_from"],
                     "first_differing_step": pair["first_differing_step"],
-                    "largest_band_ratio": pair["largest_band_ratio"], "correct": correct(case, pair, expected)}
+                    "largest_band_ratio": pair["largest_band_ratio"],
+                    "branches": {q: b["step"] for q, b in pair["branches"].items()},
+                    "correct": correct(case, pair, expected)}
         cases.append({"name": case.name, "kind": case.kind, "what": case.what, "setting": case.setting.name,
                       "np": case.setting.np, "a": f"{DDP} {' '.join([*case.setting.args, *case.a_extra])}".strip(),
                       "b": f"{case.launcher} {' '.join([*case.setting.args, *case.extra])}".strip(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -633,47 +634,58 @@ def test_exact_cost_compares_both_modes_on_the_same_micro_batches_at_each_world_
 
 
 
-def test_verdicts_reuse_a_run_only_when_this_clean_revision_made_it(tmp_path):
-    """A run left in --work by another revision trained with other code: the corpus launches it again."""
+def last_training_change() -> str:
+    """The last commit that changed a file the training depends on, and the one before it."""
+    from benchmarks import stale
+    out = subprocess.run(["git", "-C", str(REPO), "log", "-2", "--format=%H", "--", *stale.training_inputs()],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return out[0], out[1]
+
+
+def test_verdicts_reuse_a_run_only_when_a_clean_revision_of_the_same_training_made_it(tmp_path):
+    """A run left in --work by a revision whose training is this checkout's is reused (a change to how pairs are
+    judged re-judges it); one made by other training code, by changes not committed or by a revision this clone
+    does not know is launched again. (The suite runs on a committed checkout: CI's clean clone.)"""
     from benchmarks.verdicts import reusable
 
+    same, before = last_training_change()
     run = tmp_path / "run"
     run.mkdir()
-    (run / CONFIG_FILE).write_text(json.dumps({"versions": {"project_git": "a" * 40}}))
-    assert not reusable(run, "a" * 40)  # no summary: cut short
+    (run / CONFIG_FILE).write_text(json.dumps({"versions": {"project_git": same}}))
+    assert not reusable(run)  # no summary: cut short
     (run / SUMMARY_FILE).write_text("{}")
-    assert reusable(run, "a" * 40)
-    assert not reusable(run, "b" * 40)
-    assert not reusable(run, "a" * 40 + "-dirty") and not reusable(run, None)
+    assert reusable(run)
+    for other in (before, same + "-dirty", "b" * 40, None):
+        (run / CONFIG_FILE).write_text(json.dumps({"versions": {"project_git": other}}))
+        assert not reusable(run), other
 
 
 def test_verdicts_runner_launches_again_what_another_revision_left(tmp_path):
-    """The corpus's Runner returns a run this revision made without launching it; a run another revision left
+    """The corpus's Runner returns a run the same training made without launching it; a run other training left
     is deleted and launched again (here a launch that fails at once: an unknown model)."""
     from benchmarks.verdicts import Runner
 
+    same, before = last_training_change()
     runner = Runner(tmp_path, timeout_s=60)
-    runner.revision = "a" * 40  # the suite may run in a checkout with changes: fix the revision it compares
     args = ["--model", "no-such-model", "--threads", "1"]
     assert runner.run("none-ddp", 1, args) is None and len(runner.failures) == 1
     (run,) = tmp_path.iterdir()  # the run's directory, kept in --work
     (run / SUMMARY_FILE).write_text("{}")
-    (run / CONFIG_FILE).write_text(json.dumps({"versions": {"project_git": "a" * 40}}))
+    (run / CONFIG_FILE).write_text(json.dumps({"versions": {"project_git": same}}))
     assert runner.run("none-ddp", 1, args) == run and len(runner.failures) == 1  # reused: nothing launched
 
-    (run / CONFIG_FILE).write_text(json.dumps({"versions": {"project_git": "b" * 40}}))
+    (run / CONFIG_FILE).write_text(json.dumps({"versions": {"project_git": before}}))
     assert runner.run("none-ddp", 1, args) is None  # launched again: the unknown model fails
     assert len(runner.failures) == 2 and "no-such-model" in runner.failures[1]["error"]
     assert not (run / SUMMARY_FILE).exists() and not (run / CONFIG_FILE).exists()  # the old run is gone
 
 
 def test_verdicts_runner_reuses_its_own_runs_in_a_checkout_with_changes(tmp_path):
-    """Uncommitted changes make no earlier run reusable, but a run this Runner made trained with this code: the
-    floor's base that is also a case's side is launched once."""
+    """A run this Runner made trained with this code, committed or not: the floor's base that is also a case's
+    side is launched once."""
     from benchmarks.verdicts import Runner
 
     runner = Runner(tmp_path, timeout_s=120)
-    runner.revision = "a" * 40 + "-dirty"
     args = ["--model", "mlp", "--max-steps", "1", "--threads", "1"]
     run = runner.run("none-ddp", 1, args)
     assert run is not None and (run / SUMMARY_FILE).is_file() and runner.launched == 1

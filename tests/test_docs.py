@@ -113,6 +113,7 @@ def test_the_verdicts_calibration_is_quoted_from_the_committed_result():
     assert sentence.startswith("On ") and "false alarm" in sentence
     assert sentence in (DOCS / "comparing.md").read_text().replace("\n", " ")
 
+
 def test_the_verdicts_sentence_names_each_false_alarm_and_bounds_only_the_other_pairs(tmp_path):
     """A same-training pair called beyond is named with its ratio, and 'no other pair comes above' is the largest
     of the rest; without one, the bound covers every pair; counts take the number they need."""
@@ -133,7 +134,7 @@ def test_the_verdicts_sentence_names_each_false_alarm_and_bounds_only_the_other_
 
     assert write(["adam"]) == (
         "On 2 same-training pairs and 1 pair with one real difference, 3 disturbed runs at margin 30 give 1 false "
-        "alarm (adam, 544x its band) and 0 misses: no other same-training pair comes above 1.8x the floor's band, and "
-        "every real difference leaves it from its first step by at least 63x. One disturbed run gives 1 false alarm "
-        "(adam, 544x its band) and 0 misses.")
+        "alarm (adam, 544x what rounding gives) and 0 misses: no other same-training pair comes above 1.8x what "
+        "rounding gives, and every real difference leaves it from its first step by at least 63x. One disturbed run "
+        "gives 1 false alarm (adam, 544x what rounding gives) and 0 misses.")
     assert "give 0 false alarms and 0 misses: no same-training pair comes above 1.8x" in write([])
