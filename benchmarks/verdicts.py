@@ -234,7 +234,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "trains_differently_from": pair["trains_differently_from"],
                     "first_differing_step": pair["first_differing_step"],
                     "largest_band_ratio": pair["largest_band_ratio"],
-                    "branches": {q: b["step"] for q, b in pair["branches"].items()},
+                    "branches": pair["branches"],
                     "correct": correct(case, pair, expected)}
         cases.append({"name": case.name, "kind": case.kind, "what": case.what, "setting": case.setting.name,
                       "np": case.setting.np, "a": f"{DDP} {' '.join([*case.setting.args, *case.a_extra])}".strip(),

@@ -254,9 +254,12 @@ def _trajectory(steps: int, branch: int = None, start: float = 1e-5, growth: flo
 
 
 def _judge(pair: dict, floor_runs: list, margin: float = 30.0):
-    from common.compare import trajectory
-    judged = trajectory.judged_band(pair, trajectory.band(floor_runs), trajectory.branches(floor_runs, margin), margin)
-    return judged, trajectory.departure(pair, judged, margin)
+    """What the comparison's code makes of made-up gaps: (judged_band, the departure with its branch, or None)."""
+    from common.compare import branches, trajectory
+    floor = {"band": trajectory.band(floor_runs), "pairs": [{"steps": g} for g in floor_runs]}
+    judged = branches.judged_band(pair, floor, margin)
+    departure = trajectory.departure(pair, branches.levels(judged), margin)
+    return judged, departure and {**departure, "branch": branches.branch_of(departure, judged)}
 
 
 def test_a_same_training_branch_earlier_than_every_disturbed_run_s_is_within_the_floor():

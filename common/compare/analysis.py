@@ -6,7 +6,7 @@ from itertools import combinations
 from typing import Dict, List, Optional
 
 from common.rundir.reader import Run
-from . import gaps, stats, trajectory
+from . import branches, gaps, stats, trajectory
 from .floor import JUDGED, OUTCOME
 
 #: max |Δw| at or below which non-identical weights are called equal (summation order only)
@@ -91,18 +91,17 @@ def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional
         "max_abs_weight_diff": max_dw, "bitwise_identical": identical, "gap": gap, "gaps": tensors,
         "val_top1": [a.summary.get("val_top1"), b.summary.get("val_top1")],
         "noise_floor": None, "floor_ratio": None, "floor_runs": None, "departure": None, "largest_band_ratio": None,
-        "branches": {}, "trains_differently_from": None, "within_noise_floor": None, "outcome": outcome(a, b, floor if judged else None),
+        "branches": {}, "trains_differently_from": None, "within_noise_floor": None,
+        "outcome": outcome(a, b, floor if judged else None),
     }
     if judged and not identical:
-        against = trajectory.judged_band(steps, floor["band"], trajectory.branches(
-            [p["steps"] for p in floor["pairs"]], margin), margin)
+        against = branches.judged_band(steps, floor, margin)
+        departure = trajectory.departure(steps, branches.levels(against), margin)
         out.update(noise_floor=floor["gap"], floor_runs=floor["runs"],
                    floor_ratio=gap / floor["gap"] if floor["gap"] > 0 else float("inf"),
-                   departure=trajectory.departure(steps, against, margin),
-                   largest_band_ratio=trajectory.largest_ratio(steps, against),
-                   branches={q: {"step": j["branch"], "levels": {step: j["levels"][step] for step in
-                                                                  sorted(j["from_branches"])}}
-                             for q, j in against.items() if j["needed"]})
+                   departure=departure and {**departure, "branch": branches.branch_of(departure, against)},
+                   largest_band_ratio=trajectory.largest_ratio(steps, branches.levels(against)),
+                   branches={q: j["branch"] for q, j in against.items() if j["needed"]})
     starts = [d for d in (out["departure"] and out["departure"]["step"],
                           out["lr_difference"] and out["lr_difference"]["step"] + 1) if d]
     if not identical and starts:
@@ -163,8 +162,7 @@ def _verdict(p: Dict, tolerance: float, tensor: Optional[str], floor: Optional[D
                 f"{largest['step']})") if largest else ""
         branched = "".join(f", {trajectory.WORDS[q]} branching at step {step} and growing as the floor's runs do "
                            f"after they branch"
-                           for q, step in sorted(((q, b["step"]) for q, b in p["branches"].items()),
-                                                 key=lambda item: item[1]))
+                           for q, step in sorted(p["branches"].items(), key=lambda item: item[1]))
         return (f"within the noise floor: rounding apart from step {p['first_differing_step']}{branched}{most} over "
                 f"{p['floor_runs']} disturbed run{'s' if p['floor_runs'] != 1 else ''}; parameters end {p['gap']:.2g} "
                 f"apart (‖Δ‖/‖w‖{where}), rounding alone up to {p['noise_floor']:.2g}{_outcome_text(p['outcome'])}")

@@ -177,9 +177,8 @@ def time_split(rows: List[Dict], out: Path) -> str:
 
 def parity(pairs: List[Dict], floors: Dict[int, Dict], out: Path, margin: Optional[float] = None) -> str:
     """Per-step gaps of every pair that is not a repeat, the loss (left) and the weights' fingerprint (middle),
-    each with its world size's noise-floor band shaded, `margin` times the band dashed (in a pair's colour, `margin`
-    times the floor's branches from where the pair branches, when that is what it is judged against), and the step
-    where a pair trains differently marked; right: the final parameters' largest ‖Δ‖/‖w‖ per pair, the floor's marked."""
+    each with its world size's noise-floor band shaded, `margin` times the band dashed, and the step where a pair
+    trains differently marked; right: the final parameters' largest ‖Δ‖/‖w‖ per pair, the floor's marked."""
     pairs = [p for p in pairs if p["kind"] != "repeat"]
     fig, (ax_loss, ax_fp, ax_w) = plt.subplots(1, 3, figsize=(16, 4.5))
     tiny = 1e-12
@@ -206,12 +205,6 @@ def parity(pairs: List[Dict], floors: Dict[int, Dict], out: Path, margin: Option
             start = p.get("trains_differently_from")
             if start is not None:
                 ax.axvline(int(start), color=line.get_color(), ls=":", lw=1)
-            branch = (p.get("branches") or {}).get(quantity)
-            if branch and margin:  # judged from its branch on against the floor's branches, not the band
-                levels = branch["levels"]
-                ax.step([int(s) for s in levels], [margin * levels[s] for s in levels], where="post",
-                        color=line.get_color(), ls="--", lw=0.8,
-                        label=f"{margin:g}x the floor's branches, from this pair's at step {branch['step']}")
         title = "rank 0's loss" if quantity == "loss" else "the weights' fingerprint (per-tensor norms)"
         ax.set(xlabel="step", ylabel="relative gap", title=f"Per-step gap of {title}", yscale="log")
         ax.set_ylim(bottom=bottom)

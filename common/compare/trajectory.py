@@ -1,4 +1,4 @@
-"""Where two runs part: their gap at every logged step, judged against the noise floor where the divergence starts.
+"""Where two runs part: their gap at every logged step, judged against the noise floor's band at that step.
 
 Each step has two measured quantities, both describing the weights the step's forward pass sees: rank 0's
 loss, and a fingerprint of the weights (every parameter tensor's norm, common.loop.fingerprint). The gap of a
@@ -8,14 +8,6 @@ weight decay, a compression, another sample order) moves the trajectory from the
 orders of magnitude more. So a pair is judged where its divergence starts: at each step its gap is compared
 with the band of the noise floor (the largest gap any of its disturbed runs has reached by that step), and
 the pair *leaves the band* at the first step where its gap is more than `margin` times the band.
-
-Training branches: a gap that has stayed at rounding's size can leave it within a step (a ReLU, a max-pool or an
-Adam denominator tips the other way) and then grows as the floor's own runs grow once they branch. When that
-happens is chance, so a same-training pair can branch steps before any disturbed run does. A pair whose gap first
-differed at rounding's size and only later leaves it (its *branch*) is judged from there against the floor's
-*branches*: how far the disturbed runs' gaps reach in as many steps after their own branch started. A real
-difference that acts late does not grow from rounding's size: it jumps, by more than the margin over what the
-floor's branches start from.
 
 The learning rate of each step is recorded too: the first step where it differs is a difference in training
 by itself, whatever the trajectory shows.
@@ -83,81 +75,23 @@ def band(floor_gaps: List[Dict[str, Dict[int, float]]]) -> Dict[str, Dict[int, f
     return out
 
 
-def band_at(series: Dict[int, float], steps: List[int]) -> Dict[int, float]:
-    """A band (or the floor's branches) at each of `steps`, ascending: its value at the last step at or before each
-    that the floor logged, EPS32 before the first."""
-    known, out, i, level = sorted(series), {}, 0, EPS32
-    for step in steps:
-        while i < len(known) and known[i] <= step:
-            level = series[known[i]]
-            i += 1
-        out[step] = level
-    return out
+def band_at(series: Dict[int, float], step: int) -> float:
+    """The band at `step` (its value at the last step at or before it that the floor logged)."""
+    known = [s for s in series if s <= step]
+    return series[max(known)] if known else EPS32
 
 
-def onset(series: Dict[int, float], margin: float) -> Optional[int]:
-    """The first step where a gap is more than `margin` times rounding's size (EPS32): where a branch starts."""
-    return next((step for step in sorted(series) if series[step] > margin * EPS32), None)
-
-
-def branches(floor_gaps: List[Dict[str, Dict[int, float]]], margin: float) -> Dict[str, Dict[int, float]]:
-    """Per quantity, the floor's branches: the largest gap any disturbed run reaches within n steps after its own
-    branch started (its `onset`), keyed by n. Empty for a quantity no disturbed run branches in."""
-    out: Dict[str, Dict[int, float]] = {}
-    for q in QUANTITIES:
-        aligned = []
-        for g in floor_gaps:
-            start = onset(g[q], margin)
-            if start is not None:
-                aligned.append({step - start: gap for step, gap in g[q].items() if step >= start})
-        level, series = 0.0, {}
-        for n in sorted({n for a in aligned for n in a}):
-            level = max([level] + [a[n] for a in aligned if n in a])
-            series[n] = level
-        out[q] = series
-    return out
-
-
-def judged_band(gaps: Dict[str, Dict[int, float]], floor_band: Dict[str, Dict[int, float]],
-                floor_branches: Dict[str, Dict[int, float]], margin: float) -> Dict[str, Dict]:
-    """Per quantity, what the pair's gap at each step is judged against: {"levels": {step: level}, "branch": the
-    step the pair's branch starts or None, "from_branches": the steps whose level is the floor's branches, "needed":
-    whether the gap at one of those is beyond the band alone}. The level
-    is the band, except after a branch that starts later than the pair's first differing step (the gap was at
-    rounding's size first), where it is the larger of the band and the floor's branches as many steps after theirs
-    started."""
-    first = first_differing(gaps)
-    out: Dict[str, Dict] = {}
-    for q in QUANTITIES:
-        start = onset(gaps[q], margin)
-        if start is None or first is None or start <= first or not floor_branches.get(q):
-            start = None
-        steps = sorted(gaps[q])
-        levels, from_branches, needed = band_at(floor_band[q], steps), set(), False
-        if start is not None:
-            after = [step for step in steps if step >= start]
-            for step, level in zip(after, band_at(floor_branches[q], [step - start for step in after]).values()):
-                if level > levels[step]:
-                    needed = needed or gaps[q][step] > margin * levels[step]
-                    levels[step] = level
-                    from_branches.add(step)
-        out[q] = {"levels": levels, "branch": start, "from_branches": from_branches, "needed": needed}
-    return out
-
-
-def departure(gaps: Dict[str, Dict[int, float]], judged: Dict[str, Dict], margin: float) -> Optional[Dict]:
-    """The first step where a quantity's gap is more than `margin` times what it is judged against (`judged_band`):
-    {"step", "quantity", "gap", "band", "ratio", "branch"} (the largest ratio among the quantities that leave at
-    that step; "branch" is the step the pair's branch started when the level there is the floor's branches, else
-    None), or None."""
+def departure(gaps: Dict[str, Dict[int, float]], floor_band: Dict[str, Dict[int, float]],
+              margin: float) -> Optional[Dict]:
+    """The first step where a quantity's gap is more than `margin` times the band: {"step", "quantity", "gap",
+    "band", "ratio"} (the largest ratio among the quantities that leave at that step), or None."""
     found = []
     for q in QUANTITIES:
         for step in sorted(gaps[q]):
-            level = judged[q]["levels"][step]
+            level = band_at(floor_band[q], step)
             if gaps[q][step] > margin * level:
                 found.append({"step": step, "quantity": q, "gap": gaps[q][step], "band": level,
-                              "ratio": gaps[q][step] / level,
-                              "branch": judged[q]["branch"] if step in judged[q]["from_branches"] else None})
+                              "ratio": gaps[q][step] / level})
                 break
     if not found:
         return None
@@ -165,13 +99,12 @@ def departure(gaps: Dict[str, Dict[int, float]], judged: Dict[str, Dict], margin
     return max((d for d in found if d["step"] == first), key=lambda d: d["ratio"])
 
 
-def largest_ratio(gaps: Dict[str, Dict[int, float]], judged: Dict[str, Dict]) -> Optional[Dict]:
-    """The step and quantity where the pair's gap is largest against what it is judged against:
-    {"step", "quantity", "ratio"}."""
+def largest_ratio(gaps: Dict[str, Dict[int, float]], floor_band: Dict[str, Dict[int, float]]) -> Optional[Dict]:
+    """The step and quantity where the pair's gap is largest against the band: {"step", "quantity", "ratio"}."""
     best = None
     for q in QUANTITIES:
         for step, gap in gaps[q].items():
-            ratio = gap / judged[q]["levels"][step]
+            ratio = gap / band_at(floor_band[q], step)
             if best is None or ratio > best["ratio"]:
                 best = {"step": step, "quantity": q, "ratio": ratio}
     return best
