@@ -215,6 +215,10 @@ def verdicts_sentence(results: Results, name: str) -> str:
     def ratio(case: Dict, where: str = key) -> float:
         return (case["judged"][where].get("largest_band_ratio") or {}).get("ratio") or 0.0
 
+    def departed(case: Dict) -> float:
+        """How far a real difference is beyond the floor at the step it is judged beyond from."""
+        return case["judged"][key].get("departure_ratio") or 0.0
+
     same = [c for c in result["cases"] if c["kind"] == "same"]
     real = [c for c in result["cases"] if c["kind"] == "real"]
     by_lr = [c for c in real if ratio(c) <= DEFAULT_MARGIN and c["judged"][key]["correct"]]
@@ -232,7 +236,7 @@ def verdicts_sentence(results: Results, name: str) -> str:
             f"{counted(len(alarms), 'false alarm')}{shown} and {counted(len(default['misses']), 'miss', 'misses')}: "
             f"no {'other ' if alarms else ''}same-training pair comes above {max(ratio(c) for c in quiet):.2g}x what "
             f"rounding gives, and every real difference leaves it "
-            f"from its first step by at least {min(ratio(c) for c in real if c not in by_lr):,.0f}x")
+            f"where it first acts by at least {min(departed(c) for c in real if c not in by_lr):,.0f}x")
     if by_lr:
         text += (" or differs in its learning rate (" + ", ".join(f"{c['name']}, {ratio(c):.2g}x" for c in by_lr)
                  + ")")

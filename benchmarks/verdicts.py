@@ -234,6 +234,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "trains_differently_from": pair["trains_differently_from"],
                     "first_differing_step": pair["first_differing_step"],
                     "largest_band_ratio": pair["largest_band_ratio"],
+                    "departure_ratio": (pair["departure"] or {}).get("ratio"),
                     "branches": pair["branches"],
                     "correct": correct(case, pair, expected)}
         cases.append({"name": case.name, "kind": case.kind, "what": case.what, "setting": case.setting.name,
