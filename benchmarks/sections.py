@@ -235,8 +235,8 @@ def verdicts_sentence(results: Results, name: str) -> str:
             f"{DEFAULT_RUNS} disturbed runs at margin {DEFAULT_MARGIN:g} give "
             f"{counted(len(alarms), 'false alarm')}{shown} and {counted(len(default['misses']), 'miss', 'misses')}: "
             f"no {'other ' if alarms else ''}same-training pair comes above {max(ratio(c) for c in quiet):.2g}x what "
-            f"rounding gives, and every real difference leaves it "
-            f"where it first acts by at least {min(departed(c) for c in real if c not in by_lr):,.0f}x")
+            f"rounding gives, and every real difference is called beyond it from the step it first acts, leaving it "
+            f"by at least {min(departed(c) for c in real if c not in by_lr):,.0f}x")
     if by_lr:
         text += (" or differs in its learning rate (" + ", ".join(f"{c['name']}, {ratio(c):.2g}x" for c in by_lr)
                  + ")")

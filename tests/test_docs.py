@@ -136,6 +136,6 @@ def test_the_verdicts_sentence_names_each_false_alarm_and_bounds_only_the_other_
     assert write(["adam"]) == (
         "On 2 same-training pairs and 1 pair with one real difference, 3 disturbed runs at margin 30 give 1 false "
         "alarm (adam, 544x what rounding gives) and 0 misses: no other same-training pair comes above 1.8x what "
-        "rounding gives, and every real difference leaves it where it first acts by at least 32x. One disturbed run "
-        "gives 1 false alarm (adam, 544x what rounding gives) and 0 misses.")
+        "rounding gives, and every real difference is called beyond it from the step it first acts, leaving it by at "
+        "least 32x. One disturbed run gives 1 false alarm (adam, 544x what rounding gives) and 0 misses.")
     assert "give 0 false alarms and 0 misses: no same-training pair comes above 1.8x" in write([])
