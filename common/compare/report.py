@@ -208,11 +208,15 @@ def _parity_section(s: Dict) -> List[str]:
           "compared with its undisturbed run; its band at a step is the largest gap any of them has reached by then. "
           f"A pair whose gap stays within {s['floor_margin']:g}x the band at every step, with the same learning "
           "rate at every step, is **within the noise floor** (it rounds differently and trains the same, however far "
-          "apart it ends: training branches, and the floor's runs show how far). A pair that leaves the band, or "
-          "whose learning rate differs, is **beyond** it from that step: it trains differently. Weights are *equal "
+          "apart it ends: training branches, and the floor's runs show how far). When a branch starts is chance, how "
+          "it grows is not: a pair that differs at rounding's size first and branches later (its gap passes "
+          f"{s['floor_margin']:g}x float32's last bit) is judged from there against the larger of the band and how far "
+          "the floor's runs reach as many steps after their own branches. A pair that leaves what it is judged "
+          "against, or whose learning rate differs, is **beyond** the noise floor from that step: it trains "
+          "differently. Weights are *equal "
           f"within X* when they do not leave the band and differ by at most {s['tolerance']:.0e} element-wise. The "
           "final loss and accuracy are shown against the range of the floor's runs.", "", _table(
-              ["pair", "kind", "first differing step", "trains differently from", "largest gap / band",
+              ["pair", "kind", "first differing step", "trains differently from", "largest gap / floor",
                "max Δloss / loss", "parameters ‖Δ‖/‖w‖", "buffers ‖Δ‖/‖w‖", "final max Δw", "val top-1",
                "verdict"],
               [[f"{p['a']} vs {p['b']}", p["kind"], p["first_differing_step"] or "none",
