@@ -226,8 +226,8 @@ def verdicts_sentence(results: Results, name: str) -> str:
     def alarms_of(grid_cell: Dict, where: str) -> tuple:
         """The same-training pairs called beyond, and how they read: ' (name, Nx what rounding gives; ...)' or ''."""
         alarms = [c for c in same if c["name"] in grid_cell["false_alarms"]]
-        return alarms, (" (" + "; ".join(f"{c['name']}, {ratio(c, where):,.0f}x what rounding gives" for c in alarms) + ")"
-                        if alarms else "")
+        read = [f"{c['name']}, {ratio(c, where):,.0f}x what rounding gives" for c in alarms]
+        return alarms, (" (" + "; ".join(read) + ")" if alarms else "")
 
     alarms, shown = alarms_of(default, key)
     quiet = [c for c in same if c not in alarms]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -241,7 +242,8 @@ def test_disturbance_patterns_move_every_nonzero_initial_weight_one_ulp_each_ten
     assert len(seen) >= 4  # distinct disturbances
 
 
-def _trajectory(steps: int, branch: int = None, start: float = 1e-5, growth: float = 1.5, jump: float = None) -> dict:
+def _trajectory(steps: int, branch: Optional[int] = None, start: float = 1e-5, growth: float = 1.5,
+                jump: Optional[float] = None) -> dict:
     """Made-up per-step gaps of the loss, the weights at rounding's size: rounding's size (1e-7) from step 2, then
     from `branch` on a branch that starts at `start` and grows by `growth` a step up to 1e-2, or a jump to `jump`."""
     loss = {1: 0.0}
@@ -262,7 +264,7 @@ def _judge(pair: dict, floor_runs: list, margin: float = 30.0):
     return judged, departure and {**departure, "branch": branches.branch_of(departure, judged)}
 
 
-def test_a_same_training_branch_earlier_than_every_disturbed_run_s_is_within_the_floor():
+def test_a_same_training_branch_that_starts_before_every_disturbed_run_is_within_the_floor():
     """Training branches at a moment that is chance: a pair can branch steps before any disturbed run does. It is
     judged from where it branches against how the floor's runs grow after theirs, not against the band by then."""
     floor_runs = [_trajectory(120, branch=40), _trajectory(120, branch=90), _trajectory(120)]
@@ -290,7 +292,8 @@ def test_a_real_difference_that_acts_late_is_beyond_the_floor_where_it_jumps():
     early = _trajectory(120)
     early["loss"][2] = 1e-5
     _, departure = _judge(early, floor_runs)
-    assert departure["step"] == 2 and departure["branch"] is None and departure["ratio"] == pytest.approx(1e-5 / 2 ** -23)
+    assert departure["step"] == 2 and departure["branch"] is None
+    assert departure["ratio"] == pytest.approx(1e-5 / 2 ** -23)
     # With no disturbed run that branches, the band is all there is.
     flat = [_trajectory(120), _trajectory(120)]
     _, departure = _judge(_trajectory(120, branch=25), flat)
