@@ -683,13 +683,18 @@ def test_verdicts_runner_launches_again_what_another_revision_left(tmp_path):
 def test_verdicts_runner_reuses_its_own_runs_in_a_checkout_with_changes(tmp_path):
     """A run this Runner made trained with this code, committed or not: the floor's base that is also a case's
     side is launched once."""
-    from benchmarks.verdicts import Runner
+    from benchmarks.verdicts import Runner, reusable
 
     runner = Runner(tmp_path, timeout_s=120)
     args = ["--model", "mlp", "--max-steps", "1", "--threads", "1"]
     run = runner.run("none-ddp", 1, args)
     assert run is not None and (run / SUMMARY_FILE).is_file() and runner.launched == 1
+    # As if made by changes not committed: no other Runner would reuse it, this one does.
+    config = json.loads((run / CONFIG_FILE).read_text())
+    config["versions"]["project_git"] += "-dirty"
+    (run / CONFIG_FILE).write_text(json.dumps(config))
     assert runner.run("none-ddp", 1, args) == run and runner.launched == 1
+    assert not reusable(run)  # what another Runner would decide
 
 
 def test_verdicts_judge_every_pair_of_the_corpus_at_every_floor_size(quick):
