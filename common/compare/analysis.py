@@ -96,11 +96,12 @@ def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional
     }
     if judged and not identical:
         against = branches.judged_band(steps, floor, margin)
-        departure = trajectory.departure(steps, branches.levels(against), margin)
+        levels = branches.levels(against)
+        departure = trajectory.departure(steps, levels, margin)
         out.update(noise_floor=floor["gap"], floor_runs=floor["runs"],
                    floor_ratio=gap / floor["gap"] if floor["gap"] > 0 else float("inf"),
                    departure=departure and {**departure, "branch": branches.branch_of(departure, against)},
-                   largest_band_ratio=trajectory.largest_ratio(steps, branches.levels(against)),
+                   largest_band_ratio=trajectory.largest_ratio(steps, levels),
                    branches={q: j["branch"] for q, j in against.items() if j["needed"]})
     starts = [d for d in (out["departure"] and out["departure"]["step"],
                           out["lr_difference"] and out["lr_difference"]["step"] + 1) if d]

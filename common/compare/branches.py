@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from .trajectory import EPS32, QUANTITIES, band_at, first_differing
+from .trajectory import EPS32, QUANTITIES, band, band_at, first_differing
 
 
 def onset(series: Dict[int, float], margin: float) -> Optional[int]:
@@ -26,19 +26,13 @@ def onset(series: Dict[int, float], margin: float) -> Optional[int]:
 def of_floor(floor_gaps: List[Dict[str, Dict[int, float]]], margin: float) -> Dict[str, Dict[int, float]]:
     """Per quantity, the floor's branches: the largest gap any disturbed run reaches within n steps after its own
     branch started (its `onset`), keyed by n. Empty for a quantity no disturbed run branches in."""
-    out: Dict[str, Dict[int, float]] = {}
-    for q in QUANTITIES:
-        aligned = []
-        for gaps in floor_gaps:
-            start = onset(gaps[q], margin)
-            if start is not None:
-                aligned.append({step - start: gap for step, gap in gaps[q].items() if step >= start})
-        level, series = 0.0, {}
-        for n in sorted({n for a in aligned for n in a}):
-            level = max([level] + [a[n] for a in aligned if n in a])
-            series[n] = level
-        out[q] = series
-    return out
+    return band([{q: _from_onset(gaps[q], margin) for q in QUANTITIES} for gaps in floor_gaps])
+
+
+def _from_onset(series: Dict[int, float], margin: float) -> Dict[int, float]:
+    """A run's gaps from its branch on, keyed by steps since the branch started (empty if it never branches)."""
+    start = onset(series, margin)
+    return {} if start is None else {step - start: gap for step, gap in series.items() if step >= start}
 
 
 def judged_band(gaps: Dict[str, Dict[int, float]], floor: Dict, margin: float) -> Dict[str, Dict]:
