@@ -216,3 +216,10 @@ def test_sigterm_to_a_driver_stops_its_running_job_and_leaves_nothing(driver, tm
         assert job.wait(timeout=60) == 143, job.output[-3000:]
     assert f"{name}: terminated; the running job was stopped" in job.output
     assert_nothing_left(str(out), within=20)
+
+
+def test_a_floor_margin_that_is_not_positive_is_refused_in_one_line(tmp_path):
+    for margin in ("0", "-3"):
+        refused = compare_in_process("--floor-margin", margin, "--out", tmp_path)
+        assert refused.returncode == 2 and f"--floor-margin: must be > 0, got {margin}" in refused.output
+        assert len(refused.output.strip().splitlines()) == 1, refused.output

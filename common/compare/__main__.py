@@ -13,7 +13,7 @@ from common.launch.hosts import DEFAULT_PORT
 from common.rundir.reader import check_comparable, number_repeats, read_run
 from . import arguments, benchmarks, report, scripts
 from . import floor
-from ..config import OneLineParser, build_parser, is_exact, positive_int
+from ..config import OneLineParser, build_parser, is_exact, positive_float, positive_int
 from ..errors import print_error
 from .analysis import DEFAULT_TOLERANCE, FLOOR_MARGIN, weight_difference
 from .floor import DEFAULT_FLOOR_RUNS
@@ -49,7 +49,7 @@ def build_compare_parser() -> argparse.ArgumentParser:
                         "run's settings here")
     p.add_argument("--floor-runs", type=positive_int, default=DEFAULT_FLOOR_RUNS,
                    help="how many disturbed runs make the noise floor (docs/comparing.md says why the default)")
-    p.add_argument("--floor-margin", type=float, default=FLOOR_MARGIN,
+    p.add_argument("--floor-margin", type=positive_float, default=FLOOR_MARGIN,
                    help="a pair's gap at a step up to this many times the noise floor's band there is within it")
     p.add_argument("--hosts", "-H", metavar="HOST:SLOTS,...",
                    help="run across these hosts, as horovodrun -H spells them (node0:4,node1:4); each world size is "
