@@ -99,15 +99,13 @@ class FixedPoint:
 
     def mean_into(self, total: torch.Tensor, count: int, grads: Sequence[torch.Tensor]) -> None:
         """Write the mean over `count` micro-batches of the summed integers into `grads` (float32, one tensor per
-        parameter, in order): float32(float64(sum) / (count x 2**k)) per element, tensor by tensor through the work
-        buffer. One division rounds the same real number as multiplying by 2**-k (exact) and then dividing by
-        `count` would, so the bits are those of the mean."""
-        wides, _, _ = self._work(total)
+        parameter, in order): float32(float64(sum) / (count x 2**k)) per element, tensor by tensor.
+        One division rounds the same real number as multiplying by 2**-k (exact) and then dividing by `count` would,
+        so the bits are those of the mean. One pass per tensor: the divisor is a float64 tensor, so the integers are
+        divided in float64 (a Python float would make it float32) and only the quotient is rounded to float32."""
         for grad, k, start, size in zip(grads, self._ks(), self.offsets, self.sizes):
-            wide = wides[start:start + size]
-            wide.copy_(total[start:start + size])
-            wide.div_(count * 2.0 ** k)
-            grad.view(-1).copy_(wide)
+            divisor = torch.tensor(count * 2.0 ** k, dtype=torch.float64)
+            torch.div(total[start:start + size], divisor, out=grad.view(-1))
 
     def _work(self, total: torch.Tensor):
         """The float64, int64 and float32 work buffers, the size of the flat gradients (made once)."""
