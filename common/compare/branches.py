@@ -50,10 +50,11 @@ def judged_band(gaps: Dict[str, Dict[int, float]], floor: Dict, margin: float) -
         if start is None or first is None or start <= first or not branches[q]:
             start = None
         levels, from_branches, needed = {}, set(), False
+        band_of, branch_band_of = band_at(floor["band"][q]), band_at(branches[q])
         for step in sorted(gaps[q]):
-            levels[step] = band_at(floor["band"][q], step)
+            levels[step] = band_of(step)
             if start is not None and step >= start:
-                level = band_at(branches[q], step - start)
+                level = branch_band_of(step - start)
                 if level > levels[step]:
                     needed = needed or gaps[q][step] > margin * levels[step]
                     levels[step] = level

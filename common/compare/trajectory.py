@@ -15,7 +15,8 @@ by itself, whatever the trajectory shows.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+import bisect
+from typing import Callable, Dict, List, Optional
 
 #: the unit roundoff of float32: two float32 numbers a relative 1.2e-7 apart differ in their last bit. No band
 #: is narrower (a logged float32 loss cannot tell smaller gaps from none)
@@ -75,10 +76,17 @@ def band(floor_gaps: List[Dict[str, Dict[int, float]]]) -> Dict[str, Dict[int, f
     return out
 
 
-def band_at(series: Dict[int, float], step: int) -> float:
-    """The band at `step` (its value at the last step at or before it that the floor logged)."""
-    known = [s for s in series if s <= step]
-    return series[max(known)] if known else EPS32
+def band_at(series: Dict[int, float]) -> Callable[[int], float]:
+    """The band of `series` at any step: its value at the last step at or before it that the floor logged (EPS32
+    before the first). The steps are sorted once and each lookup bisects them, so a whole run's steps cost
+    O(n log n), not O(n**2)."""
+    steps = sorted(series)
+
+    def at(step: int) -> float:
+        known = bisect.bisect_right(steps, step)
+        return series[steps[known - 1]] if known else EPS32
+
+    return at
 
 
 def departure(gaps: Dict[str, Dict[int, float]], floor_band: Dict[str, Dict[int, float]],
@@ -87,8 +95,9 @@ def departure(gaps: Dict[str, Dict[int, float]], floor_band: Dict[str, Dict[int,
     "band", "ratio"} (the largest ratio among the quantities that leave at that step), or None."""
     found = []
     for q in QUANTITIES:
+        band_of = band_at(floor_band[q])
         for step in sorted(gaps[q]):
-            level = band_at(floor_band[q], step)
+            level = band_of(step)
             if gaps[q][step] > margin * level:
                 found.append({"step": step, "quantity": q, "gap": gaps[q][step], "band": level,
                               "ratio": gaps[q][step] / level})
@@ -103,8 +112,9 @@ def largest_ratio(gaps: Dict[str, Dict[int, float]], floor_band: Dict[str, Dict[
     """The step and quantity where the pair's gap is largest against the band: {"step", "quantity", "ratio"}."""
     best = None
     for q in QUANTITIES:
+        band_of = band_at(floor_band[q])
         for step, gap in gaps[q].items():
-            ratio = gap / band_at(floor_band[q], step)
+            ratio = gap / band_of(step)
             if best is None or ratio > best["ratio"]:
                 best = {"step": step, "quantity": q, "ratio": ratio}
     return best
