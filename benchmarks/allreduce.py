@@ -295,7 +295,7 @@ def plot(report: Dict, out: Path) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from common.compare import plots
+    from common.compare import speed_plots
 
     fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(12, 4.5))
     for s in report["series"]:
@@ -321,7 +321,7 @@ def plot(report: Dict, out: Path) -> str:
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return plots.save(fig, out / "allreduce.png")
+    return speed_plots.save(fig, out / "allreduce.png")
 
 
 if __name__ == "__main__":

@@ -500,18 +500,18 @@ def plot(report: Dict, out: Path) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from common.compare import plots
+    from common.compare import speed_plots
 
     cases = report["cases"] or [{"name": "nothing measured", "throughput": {}, "scaling_efficiency": {}}]
     references = [bare.label for bare in BARE.values()] + ["independent"]
     fig, axes = plt.subplots(len(cases), 2, figsize=(11, 3.8 * len(cases)), squeeze=False)
     for (ax_t, ax_s), case in zip(axes, cases):
-        plots.draw_throughput(ax_t, case["throughput"], ideal=False, references=references)
-        plots.draw_scaling(ax_s, case["scaling_efficiency"])
+        speed_plots.draw_throughput(ax_t, case["throughput"], ideal=False, references=references)
+        speed_plots.draw_scaling(ax_s, case["scaling_efficiency"])
         ax_t.set_title(f"{case['name']}: throughput")
         ax_s.set_title(f"{case['name']}: scaling efficiency")
     fig.suptitle(figure_title(report), fontsize=9)
-    return plots.save(fig, out / "throughput.png", dpi=100)
+    return speed_plots.save(fig, out / "throughput.png", dpi=100)
 
 
 if __name__ == "__main__":

@@ -115,6 +115,12 @@ def test_the_default_comparison_at_3_ranks_is_never_beyond_the_floor(demo):
     if pair["largest_band_ratio"]["quantity"] == "loss":
         assert pair["largest_band_ratio"]["ratio"] == pytest.approx(largest)
     assert pair["max_rel_loss_diff"] == pytest.approx(max(pair_gaps.values()))
+    # Where the floor's branches raise the level above the band, summary.json gives that level (parity.png draws it).
+    plain = judged_loss_band(pair_gaps, floor_gaps, summary["floor_margin"], first=max(pair_gaps))
+    from_branches = {s: band[s] for s in band if band[s] > plain[s] * (1 + 1e-9)}
+    recorded = {int(s): v for s, v in pair["branch_levels"].get("loss", {}).items()}
+    assert recorded.keys() == from_branches.keys()
+    assert all(recorded[s] == pytest.approx(from_branches[s]) for s in recorded)
     report = (out / "report.md").read_text()
     assert f"**{pair['verdict']}**" in report and "### Noise floor" in report
     assert_real_image(out / "parity.png")
@@ -298,3 +304,27 @@ def test_a_real_difference_that_acts_late_is_beyond_the_floor_where_it_jumps():
     flat = [_trajectory(120), _trajectory(120)]
     _, departure = _judge(_trajectory(120, branch=25), flat)
     assert departure["step"] == 25 and departure["branch"] is None
+
+
+def test_parity_figure_draws_the_level_a_branching_pair_is_judged_against():
+    """parity.png: `margin` times the floor's branches, dashed in the pair's colour, over exactly the steps where the
+    pair is judged against them, and only for the quantity that needed them."""
+    from common.compare import plots
+
+    steps = {1: 1e-7, 2: 1e-5, 3: 1e-4}
+    pair = {"kind": "backends", "a": "ddp@3#1", "b": "horovod-gloo@3#1", "rel_loss_diff": steps,
+            "rel_weight_diff": {s: v / 10 for s, v in steps.items()}, "trains_differently_from": None,
+            "branch_levels": {"loss": {2: 1e-6, 3: 1e-5}}, "gap": 1e-5, "bitwise_identical": False,
+            "within_noise_floor": True, "noise_floor": 1e-5}
+    floors = {3: {"runs": 3, "band": {q: {s: 1e-7 for s in steps} for q in ("loss", "weights")}}}
+    fig = plots.parity_figure([pair], floors, margin=30.0)
+    ax_loss, ax_weights, _ = fig.axes
+
+    def judged(ax):
+        return [line for line in ax.get_lines() if "rounding's branches" in line.get_label()]
+
+    (line,) = judged(ax_loss)
+    assert list(line.get_xdata()) == [2, 3] and list(line.get_ydata()) == pytest.approx([3e-5, 3e-4])
+    (gap,) = [g for g in ax_loss.get_lines() if g.get_label() == "ddp@3#1 vs horovod-gloo@3#1"]
+    assert line.get_color() == gap.get_color() and line.get_linestyle() == "--"
+    assert judged(ax_weights) == []

@@ -91,7 +91,7 @@ def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional
         "max_abs_weight_diff": max_dw, "bitwise_identical": identical, "gap": gap, "gaps": tensors,
         "val_top1": [a.summary.get("val_top1"), b.summary.get("val_top1")],
         "noise_floor": None, "floor_ratio": None, "floor_runs": None, "departure": None, "largest_band_ratio": None,
-        "branches": {}, "trains_differently_from": None, "within_noise_floor": None,
+        "branches": {}, "branch_levels": {}, "trains_differently_from": None, "within_noise_floor": None,
         "outcome": outcome(a, b, floor if judged else None),
     }
     if judged and not identical:
@@ -102,7 +102,9 @@ def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional
                    floor_ratio=gap / floor["gap"] if floor["gap"] > 0 else float("inf"),
                    departure=departure and {**departure, "branch": branches.branch_of(departure, against)},
                    largest_band_ratio=trajectory.largest_ratio(steps, levels),
-                   branches={q: j["branch"] for q, j in against.items() if j["needed"]})
+                   branches={q: j["branch"] for q, j in against.items() if j["needed"]},
+                   branch_levels={q: {step: j["levels"][step] for step in sorted(j["from_branches"])}
+                                  for q, j in against.items() if j["from_branches"]})
     starts = [d for d in (out["departure"] and out["departure"]["step"],
                           out["lr_difference"] and out["lr_difference"]["step"] + 1) if d]
     if not identical and starts:

@@ -1,10 +1,10 @@
-"""Figures (matplotlib, written as PNG files): the report's, and the axis-level drawings that the report
-and the benchmark scripts share (throughput and scaling efficiency against world size)."""
+"""The report's figures of training and parity (matplotlib, written as PNG files): learning curves with the noise
+floor's spread, and the per-step gaps of each pair against its floor. Its figures of speed are in speed_plots."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import matplotlib
 
@@ -13,28 +13,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from common.rundir.reader import Run  # noqa: E402
-from . import floor, stats  # noqa: E402
+from . import floor, speed_plots  # noqa: E402
+from .speed_plots import empty, save  # noqa: E402
 
-PLOTS = {
-    "curves": "curves.png",
-    "throughput": "throughput.png",
-    "scaling": "scaling_efficiency.png",
-    "time_split": "time_split.png",
-    "parity": "parity.png",
-}
-
-
-def save(fig, path: Path, dpi: int = 110) -> str:
-    """Write `fig` to `path` (its folder made if needed), close it, and return the file's name."""
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return path.name
-
-
-def _empty(ax, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
+#: every figure of a report, by its name in summary.json
+PLOTS = {"curves": "curves.png", **speed_plots.FILES, "parity": "parity.png"}
 
 
 def _floor_spread(runs: List[Run], floor: Dict) -> Dict[int, Dict[str, float]]:
@@ -99,86 +82,17 @@ def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None)
     return save(fig, out / PLOTS["curves"])
 
 
-def draw_throughput(ax, table: Dict[str, Dict], ideal: bool = True, references: Sequence[str] = ()) -> None:
-    """samples/s against world size per label of a throughput table ("label@N" -> spread), min-max over
-    repeats as error bars; with `ideal`, linear scaling from each label's single-process median dotted.
-    `references` (e.g. a bare loop) are dashed and get no ideal line."""
-    labels = stats.labels(table)
-    for label in labels:
-        points = stats.series(table, label)
-        xs = [w for w, _ in points]
-        med = [v["median"] for _, v in points]
-        err = [[v["median"] - v["min"] for _, v in points], [v["max"] - v["median"] for _, v in points]]
-        line = ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=label,
-                           ls="--" if label in references else "-")
-        if ideal and label not in references and xs and xs[0] == 1:
-            ax.plot(xs, [med[0] * w for w in xs], ls=":", color=line[0].get_color(), label=f"{label} ideal")
-    if not labels:
-        _empty(ax, "no throughput measured")
-    ax.set(xlabel="world size (processes)", ylabel="samples/s")
-    ax.set_xticks(sorted({stats.split_key(k)[1] for k in table}) or [1])
-    ax.grid(alpha=0.3)
-    if labels:
-        ax.legend(fontsize=7)
-
-
-def draw_scaling(ax, table: Dict[str, Dict[int, float]]) -> None:
-    """Scaling efficiency against world size per label ({label: {N: efficiency}}); 1.0, perfect, dotted."""
-    worlds = set()
-    for label, points in sorted(table.items()):
-        points = {int(w): e for w, e in points.items()}  # JSON keeps world sizes as strings
-        xs = sorted(points)
-        worlds.update(xs)
-        ax.plot(xs, [points[x] for x in xs], marker="o", label=label)
-    ax.axhline(1.0, color="gray", ls=":", label="ideal")
-    if not table:
-        _empty(ax, "needs runs at world size 1")
-    top = max([v for points in table.values() for v in points.values()], default=1.0)
-    ax.set(xlabel="world size (processes)", ylabel="throughput(N) / (N x throughput(1))",
-           ylim=(0, max(1.15, 1.1 * top)))
-    if worlds:
-        ax.set_xticks(sorted(worlds))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-
-
-def throughput(table: Dict[str, Dict], out: Path) -> str:
-    """samples/s against world size per backend (min-max over repeats as error bars), with
-    ideal linear scaling from each backend's single-process throughput."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    draw_throughput(ax, table)
-    ax.set_title("Throughput")
-    return save(fig, out / PLOTS["throughput"])
-
-
-def scaling(table: Dict[str, Dict[int, float]], out: Path) -> str:
-    """Scaling efficiency against world size per backend; 1.0 is perfect."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    draw_scaling(ax, table)
-    ax.set_title("Scaling efficiency")
-    return save(fig, out / PLOTS["scaling"])
-
-
-def time_split(rows: List[Dict], out: Path) -> str:
-    """Mean time per step split into data / compute / exposed communication, one bar per run."""
-    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(rows) + 2), 4))
-    names = [r["run"] for r in rows]
-    bottom = [0.0] * len(rows)
-    for part, color in (("data_ms", "#8da0cb"), ("compute_ms", "#66c2a5"), ("comm_ms", "#fc8d62")):
-        values = [r.get(part) or 0.0 for r in rows]
-        ax.bar(names, values, bottom=bottom, color=color, label=part.replace("_ms", ""))
-        bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set(ylabel="ms per step", title="Where a step's time goes")
-    ax.tick_params(axis="x", rotation=45, labelsize=8)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, axis="y")
-    return save(fig, out / PLOTS["time_split"])
-
-
 def parity(pairs: List[Dict], floors: Dict[int, Dict], out: Path, margin: Optional[float] = None) -> str:
+    """Draw parity_figure into `out` (parity.png); the file's name."""
+    return save(parity_figure(pairs, floors, margin), out / PLOTS["parity"])
+
+
+def parity_figure(pairs: List[Dict], floors: Dict[int, Dict], margin: Optional[float] = None):
     """Per-step gaps of every pair that is not a repeat, the loss (left) and the weights' fingerprint (middle),
-    each with its world size's noise-floor band shaded, `margin` times the band dashed, and the step where a pair
-    trains differently marked; right: the final parameters' largest ‖Δ‖/‖w‖ per pair, the floor's marked."""
+    each with its world size's noise-floor band shaded, `margin` times the band dashed, `margin` times the floor's
+    branches dashed in a pair's colour where the pair is judged against those (common.compare.branches), and the
+    step where a pair trains differently marked; right: the final parameters' largest ‖Δ‖/‖w‖ per pair, the
+    floor's marked."""
     pairs = [p for p in pairs if p["kind"] != "repeat"]
     fig, (ax_loss, ax_fp, ax_w) = plt.subplots(1, 3, figsize=(16, 4.5))
     tiny = 1e-12
@@ -205,6 +119,12 @@ def parity(pairs: List[Dict], floors: Dict[int, Dict], out: Path, margin: Option
             start = p.get("trains_differently_from")
             if start is not None:
                 ax.axvline(int(start), color=line.get_color(), ls=":", lw=1)
+            # After a branch of its own, a pair is judged against the floor's branches, not the band: that level
+            judged = p.get("branch_levels", {}).get(quantity) or {}
+            if judged and margin:
+                at = sorted(judged, key=int)
+                ax.step([int(s) for s in at], [margin * judged[s] for s in at], where="post", color=line.get_color(),
+                        ls="--", lw=0.8, label=f"{margin:g}x rounding's branches, judging {p['a']} vs {p['b']}")
         title = "rank 0's loss" if quantity == "loss" else "the weights' fingerprint (per-tensor norms)"
         ax.set(xlabel="step", ylabel="relative gap", title=f"Per-step gap of {title}", yscale="log")
         ax.set_ylim(bottom=bottom)
@@ -228,9 +148,9 @@ def parity(pairs: List[Dict], floors: Dict[int, Dict], out: Path, margin: Option
     ax_w.tick_params(axis="x", labelsize=6, rotation=30)
     if not pairs:
         for ax in (ax_loss, ax_fp, ax_w):
-            _empty(ax, "needs two runs at one world size")
+            empty(ax, "needs two runs at one world size")
     for ax in (ax_loss, ax_fp, ax_w):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6)
-    return save(fig, out / PLOTS["parity"])
+    return fig

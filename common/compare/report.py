@@ -10,7 +10,7 @@ from common.config import is_exact
 from common.rundir.names import SUMMARY_FILE
 from common.rundir.reader import Run, setting_differences
 from common.rundir.writer import json_safe
-from . import analysis, benchmarks, causes, explain, floor, plots
+from . import analysis, benchmarks, causes, explain, floor, plots, speed_plots
 from .tables import markdown as _table, number as _fmt
 
 
@@ -40,9 +40,9 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
     world_sizes = explain.world_size_verdicts(runs)
     figures = {
         "curves": plots.curves(runs, out, floors),
-        "throughput": plots.throughput(throughput, out),
-        "scaling": plots.scaling(scaling, out),
-        "time_split": plots.time_split(split, out),
+        "throughput": speed_plots.throughput(throughput, out),
+        "scaling": speed_plots.scaling(scaling, out),
+        "time_split": speed_plots.time_split(split, out),
         "parity": plots.parity(pairs, floors, out, margin),
     }
     summary = {
