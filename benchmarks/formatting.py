@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Callable, Dict, List, Optional, Sequence
 
 from common.compare import tables
+from common.compare.conditions import conditions
 
 from .result_files import MISSING_FILE, Results
 
@@ -72,9 +73,8 @@ def command_block(result: Dict, width: int = 100) -> str:
 def source_line(results: Results, name: str) -> str:
     """Which file the numbers above come from, when they were measured and under what load."""
     result = results.get(name)
-    load = (result.get("load_before") or {}).get("1m")
     loaded = ", **under load**" if result.get("under_load") else ""
-    return f"Source: `{results.path(name)}` (measured {when(result)}, 1-minute load {load} before starting{loaded})."
+    return f"Source: `{results.path(name)}` (measured {when(result)}, {conditions(result)}{loaded})."
 
 
 def framed(results: Results, names: Sequence[str], body: Callable[[], str]) -> str:

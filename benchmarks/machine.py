@@ -1,5 +1,5 @@
 """What every benchmark result records about where and how it ran (CPU model, cores, GPU, versions,
-load, command), and writing a result."""
+how busy the CPU was, command), and writing a result."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+from common.compare.conditions import conditions
 from common.launch.placement import cores  # noqa: F401  (the scripts import it from here)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,6 +49,32 @@ def load() -> Dict[str, float]:
     return {"1m": round(one, 2), "5m": round(five, 2), "15m": round(fifteen, 2)}
 
 
+#: the share of all cores' time other programs may keep busy before a result counts as measured under load
+BUSY_LIMIT = 0.25
+
+
+def _cpu_times() -> Optional[Sequence[int]]:
+    """(busy, total) jiffies of all cores since boot from /proc/stat's cpu line; None where there is none."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle and waiting on I/O
+    return sum(fields) - idle, sum(fields)
+
+
+def cpu_busy(seconds: float = 1.0) -> Optional[float]:
+    """The share of all cores' time that was busy over the next `seconds`, while this process sleeps: other
+    programs' use, now (the load average remembers the last minute, so it still shows a run that has ended).
+    None where /proc/stat is missing."""
+    before = _cpu_times()
+    time.sleep(seconds)
+    after = _cpu_times()
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 3)
+
+
 def machine() -> Dict:
     """The machine a result was measured on."""
     import torch
@@ -64,9 +91,12 @@ def machine() -> Dict:
             "gpus": gpus, "versions": {**versions(), "mpi": mpi_version()}}
 
 
-def under_load(load_before: Dict[str, float], n_cores: int) -> bool:
-    """True when something besides the benchmark kept the cores busy: the 1-minute load before it
-    started was above a quarter of the cores (its own processes raise the load after)."""
+def under_load(load_before: Dict[str, float], n_cores: int, busy_before: Optional[float] = None) -> bool:
+    """True when something besides the benchmark kept the cores busy: in the second before it started, more than
+    BUSY_LIMIT of all cores' time was busy; where that was not measured, the 1-minute load before it started was
+    above a quarter of the cores (its own processes raise the load after)."""
+    if busy_before is not None:
+        return busy_before > BUSY_LIMIT
     return load_before["1m"] > 0.25 * n_cores
 
 
@@ -77,6 +107,7 @@ class Record:
     def __init__(self, benchmark: str, argv: Optional[Sequence[str]]) -> None:
         self.benchmark = benchmark
         self.argv = list(sys.argv[1:] if argv is None else argv)
+        self.busy_before = cpu_busy()  # before its own start-up work: another program's use
         self.started = time.time()
         self.load_before = load()
         self.machine = machine()  # the code and versions measured: a commit during the measurement is not in it
@@ -85,16 +116,15 @@ class Record:
         """The result's common fields: the machine and load as the measurement started, the load after it."""
         return {"benchmark": self.benchmark, "started": self.started, "machine": self.machine,
                 "command": f"python -m benchmarks.{self.benchmark} " + " ".join(self.argv),
-                "load_before": self.load_before, "load_after": load(),
-                "under_load": under_load(self.load_before, cores())}
+                "cpu_busy_before": self.busy_before, "load_before": self.load_before, "load_after": load(),
+                "under_load": under_load(self.load_before, cores(), self.busy_before)}
 
 
 def load_note(report: Dict) -> Optional[str]:
     """A line saying the result was measured under load, None when it was not."""
     if not report.get("under_load"):
         return None
-    return (f"note: measured under load (1-minute load {report['load_before']['1m']} on "
-            f"{report['machine']['cores']} cores before starting)")
+    return f"note: measured under load ({conditions(report)}, on {report['machine']['cores']} cores)"
 
 
 def figure_title(report: Dict) -> str:

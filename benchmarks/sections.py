@@ -50,12 +50,15 @@ def machines(results: Results) -> str:
         r = results.get(name)
         revision = (r["machine"].get("versions") or {}).get("project_git")
         now = status(name, r, steps)
-        rows.append([f"`{results.path(name)}`", when(r), (r.get("load_before") or {}).get("1m", tables.MISSING),
+        busy = r.get("cpu_busy_before")
+        rows.append([f"`{results.path(name)}`", when(r), tables.MISSING if busy is None else f"{busy:.0%}",
+                     (r.get("load_before") or {}).get("1m", tables.MISSING),
                      "yes" if r.get("under_load") else "no",
                      revision[:12] + ("-dirty" if revision.endswith("-dirty") else "") if revision else tables.MISSING,
                      "yes" if now.current else f"no: {now.reason}"])
     return "\n".join(lines) + "\n\n" + tables.markdown(
-        ["result", "measured (UTC)", "1-minute load before", "under_load", "git revision", "current"], rows)
+        ["result", "measured (UTC)", "CPU busy before", "1-minute load before", "under_load", "git revision",
+         "current"], rows)
 
 
 # ---- loop overhead, comm hook, Horovod's cycle ----

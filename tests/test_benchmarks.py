@@ -10,12 +10,15 @@ import json
 import math
 import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from launched import PY, REPO, compare_in_process, run_cmd
+from benchmarks.machine import BUSY_LIMIT
 from benchmarks.stale import run_all_steps
 from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
@@ -49,6 +52,7 @@ def assert_machine(data):
     assert m["cpu_model"] and m["cores"] >= 1 and m["versions"]["torch"] and m["versions"]["horovod"]
     assert "Open MPI" in m["versions"]["mpi"]
     assert set(data["load_before"]) == {"1m", "5m", "15m"} and isinstance(data["under_load"], bool)
+    assert 0 <= data["cpu_busy_before"] <= 1 and data["under_load"] == (data["cpu_busy_before"] > BUSY_LIMIT)
     assert data["command"].startswith("python -m benchmarks.") and positive(data["started"])
 
 
@@ -572,16 +576,35 @@ def test_stale_says_which_results_to_measure_again_and_why(tmp_path):
     assert {"throughput.json", "stop_latency.json", "probe_cost.json"} <= set(names)
 
 
-def test_settle_waits_for_the_load_to_fall_and_gives_up_at_its_limit():
-    from benchmarks.machine import cores
+def test_settle_waits_for_the_cpu_to_fall_quiet_and_gives_up_at_its_limit():
+    from benchmarks.machine import BUSY_LIMIT
     from benchmarks.settle import quiet, settle
 
-    # Quiet leaves room below the under-load threshold (a quarter of the cores) for the step's own start-up.
-    assert not quiet({"1m": 0.25 * cores()}) and quiet({"1m": 0.1 * cores()})
+    # Quiet leaves room below the under-load limit for the step's own start-up.
+    assert not quiet(BUSY_LIMIT) and not quiet(0.6 * BUSY_LIMIT) and quiet(0.1 * BUSY_LIMIT)
+    busy = iter([0.9, 0.9, 0.0])
+    assert settle(5.0, poll_s=0.01, read_busy=lambda: next(busy)) < 1.0 and next(busy, None) is None
+    assert 0.2 <= settle(0.2, poll_s=0.01, read_busy=lambda: 0.9) < 2.0
 
-    loads = iter([{"1m": 9.0}, {"1m": 9.0}, {"1m": 0.0}])
-    assert settle(5.0, poll_s=0.01, read_load=lambda: next(loads)) < 1.0 and next(loads, None) is None
-    assert 0.2 <= settle(0.2, poll_s=0.01, read_load=lambda: {"1m": 9.0}) < 2.0
+
+def test_a_result_is_under_load_by_the_cpu_other_programs_use_as_it_starts_not_by_the_load_average():
+    from benchmarks.machine import BUSY_LIMIT, cores, cpu_busy, under_load
+
+    # A core kept busy by another process shows in the share of all cores' time, whatever else runs beside it.
+    spin = "import time\nend = time.time() + 3\nwhile time.time() < end: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.3)
+        busy = cpu_busy(1.0)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert busy is not None and 0.8 / cores() <= busy <= 1.0
+    # The load average a finished run left behind does not make the next result under load; the CPU's use does.
+    left_behind = {"1m": 4.0 * cores(), "5m": 1.0, "15m": 1.0}
+    assert not under_load(left_behind, cores(), busy_before=0.02)
+    assert under_load({"1m": 0.0, "5m": 0.0, "15m": 0.0}, cores(), busy_before=BUSY_LIMIT + 0.1)
+    assert under_load(left_behind, cores())  # a result that did not measure the CPU: the load average decides
 
 
 def test_run_all_is_executable_and_honours_its_variables():

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import tables
+from .conditions import conditions
 
 FILES = {"allreduce": "allreduce.json", "throughput": "throughput.json"}
 
@@ -57,7 +58,7 @@ def _where(data: Dict) -> str:
     gpus = ", ".join(m.get("gpus") or []) or "no GPU"
     text = (f"Measured on {m.get('cpu_model')}, {m.get('cores')} cores, {gpus}, torch "
             f"{(m.get('versions') or {}).get('torch')}, horovod {(m.get('versions') or {}).get('horovod')}; "
-            f"1-minute load {data['load_before']['1m']} before starting")
+            f"{conditions(data)}")
     if data.get("under_load"):
         text += " (**under load**: other work shared the cores, numbers are disturbed)"
     return text + f". Command: `{data.get('command')}`."
