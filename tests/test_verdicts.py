@@ -278,9 +278,15 @@ def test_a_same_training_branch_that_starts_before_every_disturbed_run_is_within
     judged, departure = _judge(pair, floor_runs)
     assert departure is None and judged["loss"]["branch"] == 25 and judged["loss"]["needed"]
     # Step by step against the band, the same pair reads as beyond it where it branches.
-    from common.compare import trajectory
+    from common.compare import branches, trajectory
     band = trajectory.band(floor_runs)["loss"]
     assert pair["loss"][25] > 30 * band[25]
+    # What summary.json records (and parity.png draws): from step 25 on, the level of the floor's branches as many
+    # steps after theirs started, where that is above the band; never before the pair's own branch.
+    recorded = branches.branch_levels(judged)["loss"]
+    assert min(recorded) == 25 and all(recorded[s] > band[s] for s in recorded)
+    assert recorded == {s: judged["loss"]["levels"][s] for s in judged["loss"]["from_branches"]}
+    assert recorded[25] == pytest.approx(floor_runs[0]["loss"][40])  # the earliest branch's own start
     # A branch that grows faster than any of the floor's is beyond it, where it outgrows them.
     fast = _trajectory(120, branch=25, growth=3.0)
     _, departure = _judge(fast, floor_runs)

@@ -103,8 +103,7 @@ def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional
                    departure=departure and {**departure, "branch": branches.branch_of(departure, against)},
                    largest_band_ratio=trajectory.largest_ratio(steps, levels),
                    branches={q: j["branch"] for q, j in against.items() if j["needed"]},
-                   branch_levels={q: {step: j["levels"][step] for step in sorted(j["from_branches"])}
-                                  for q, j in against.items() if j["from_branches"]})
+                   branch_levels=branches.branch_levels(against))
     starts = [d for d in (out["departure"] and out["departure"]["step"],
                           out["lr_difference"] and out["lr_difference"]["step"] + 1) if d]
     if not identical and starts:

@@ -68,6 +68,13 @@ def levels(judged: Dict[str, Dict]) -> Dict[str, Dict[int, float]]:
     return {q: j["levels"] for q, j in judged.items()}
 
 
+def branch_levels(judged: Dict[str, Dict]) -> Dict[str, Dict[int, float]]:
+    """The part of a `judged_band` that the floor's branches set: per quantity that has any, the level at each step
+    where they, not the band, are what the pair is judged against."""
+    return {q: {step: j["levels"][step] for step in sorted(j["from_branches"])} for q, j in judged.items()
+            if j["from_branches"]}
+
+
 def branch_of(departure: Optional[Dict], judged: Dict[str, Dict]) -> Optional[int]:
     """The step the pair's branch started, when a departure was judged against the floor's branches (else None)."""
     if departure is None:

@@ -119,7 +119,7 @@ def parity_figure(pairs: List[Dict], floors: Dict[int, Dict], margin: Optional[f
             start = p.get("trains_differently_from")
             if start is not None:
                 ax.axvline(int(start), color=line.get_color(), ls=":", lw=1)
-            # After a branch of its own, a pair is judged against the floor's branches, not the band: that level
+            # after a branch of its own, a pair is judged against the floor's branches, not the band: draw that
             judged = p.get("branch_levels", {}).get(quantity) or {}
             if judged and margin:
                 at = sorted(judged, key=int)
