@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 from common.compare.conditions import conditions
 from common.launch.placement import cores  # noqa: F401  (the scripts import it from here)
@@ -53,7 +53,7 @@ def load() -> Dict[str, float]:
 BUSY_LIMIT = 0.25
 
 
-def _cpu_times() -> Optional[Sequence[int]]:
+def _cpu_times() -> Optional[Tuple[int, int]]:
     """(busy, total) jiffies of all cores since boot from /proc/stat's cpu line; None where there is none."""
     try:
         fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 from .machine import BUSY_LIMIT, cores, cpu_busy, load, under_load
 
@@ -31,12 +31,14 @@ def quiet(busy: Optional[float]) -> bool:
 
 
 def settle(max_s: float, poll_s: float = 2.0,
-           read_busy: Callable[[], Optional[float]] = lambda: cpu_busy(SAMPLE_S)) -> float:
-    """Wait until the machine is quiet, at most `max_s` seconds; the seconds waited."""
+           read_busy: Callable[[], Optional[float]] = lambda: cpu_busy(SAMPLE_S)) -> Tuple[float, Optional[float]]:
+    """Wait until the machine is quiet, at most `max_s` seconds: (the seconds waited, the CPU's use last read)."""
     start = time.monotonic()
-    while not quiet(read_busy()) and time.monotonic() - start < max_s:
+    busy = read_busy()
+    while not quiet(busy) and time.monotonic() - start < max_s:
         time.sleep(poll_s)
-    return time.monotonic() - start
+        busy = read_busy()
+    return time.monotonic() - start, busy
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -44,8 +46,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--max-s", type=float, default=300.0, help="wait at most this long (seconds)")
     args = p.parse_args(argv)
-    waited = settle(args.max_s)
-    busy = cpu_busy(SAMPLE_S)
+    waited, busy = settle(args.max_s)
     if not quiet(busy):
         share = "unknown" if busy is None else f"{busy:.0%}"
         print(f"settle: the CPU is still busy ({share} of {cores()} cores) after {waited:.0f} s; the next result may "

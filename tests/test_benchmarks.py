@@ -583,8 +583,10 @@ def test_settle_waits_for_the_cpu_to_fall_quiet_and_gives_up_at_its_limit():
     # Quiet leaves room below the under-load limit for the step's own start-up.
     assert not quiet(BUSY_LIMIT) and not quiet(0.6 * BUSY_LIMIT) and quiet(0.1 * BUSY_LIMIT)
     busy = iter([0.9, 0.9, 0.0])
-    assert settle(5.0, poll_s=0.01, read_busy=lambda: next(busy)) < 1.0 and next(busy, None) is None
-    assert 0.2 <= settle(0.2, poll_s=0.01, read_busy=lambda: 0.9) < 2.0
+    waited, last = settle(5.0, poll_s=0.01, read_busy=lambda: next(busy))
+    assert waited < 1.0 and last == 0.0 and next(busy, None) is None
+    waited, last = settle(0.2, poll_s=0.01, read_busy=lambda: 0.9)
+    assert 0.2 <= waited < 2.0 and last == 0.9
 
 
 def test_a_result_is_under_load_by_the_cpu_other_programs_use_as_it_starts_not_by_the_load_average():
