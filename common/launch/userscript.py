@@ -7,8 +7,9 @@ the code exactly that, while its own packages keep working. Two things stand in 
 - The project's top-level package is called `common`, a name users' folders often hold too (`common.py`, a
   `common/` package; Horovod's test utilities are one). Started with `-m` from such a folder, python finds the
   user's `common` before the project's and the program cannot even start. The comparison therefore starts its
-  programs with PYTHONSAFEPATH=1 (python does not put the folder first); a program started by hand from such a
-  folder calls `without_start_folder()` before importing the project, or is started with `python -P`.
+  programs with PYTHONSAFEPATH=1 (`safe_path_env`: python does not put the folder first), and so can a user who
+  starts the probe by hand from such a folder (or `python -P -m common.probe`); a program outside `common`
+  (`python -m ddp_train.horovod_api`) drops that first entry itself before it imports `common`.
 - Once the program runs, the project's modules are in sys.modules, where the user's `import common` would find
   them instead of the user's own. While the user's code runs, every module of the project's packages is set aside
   (`project_set_aside`): the user's imports resolve as under plain python, and the program's code, imported
@@ -69,17 +70,6 @@ def parse_target(words: Sequence[str]) -> UserCode:
     if words[0].startswith("-m") and len(words[0]) > 2:  # python -mpytest
         return UserCode(words[0][2:], tuple(words[1:]), module=True)
     return UserCode(words[0], tuple(words[1:]))
-
-
-def without_start_folder() -> Optional[str]:
-    """Remove the folder python put first on sys.path for `python -m PROGRAM` (the current one), so that the
-    project's packages are imported from where they are installed; returns it (None when python put none there)."""
-    if sys.flags.safe_path or not sys.path:
-        return None
-    first = sys.path[0]
-    if first in ("", os.getcwd()):
-        return sys.path.pop(0)
-    return None
 
 
 def forget_safe_path() -> None:
