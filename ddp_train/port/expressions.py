@@ -1,0 +1,156 @@
+"""Rules for Horovod calls and names inside expressions: ranks and sizes, the collectives on tensors and
+objects, build queries, hvd.SyncBatchNorm and the compression constants."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+import libcst as cst
+
+from .accumulation import pure
+from .context import Context, arguments, code
+
+#: torch.distributed's reduction for each Horovod op a collective can take besides Average
+REDUCE_OPS = {"Sum": "SUM", "Min": "MIN", "Max": "MAX", "Product": "PRODUCT"}
+
+
+def _launcher_number(variable: str, meaning: str) -> Callable[[Context], tuple[str, str]]:
+    return lambda ctx: (ctx.env_int(variable), f"{meaning}, from torchrun's environment ({variable})")
+
+
+#: calls without arguments: api -> (the DDP expression, what it is)
+QUERIES: Dict[str, Callable[[Context], tuple[str, str]]] = {
+    "rank": lambda ctx: (f"{ctx.dist}.get_rank()", "this process's rank"),
+    "size": lambda ctx: (f"{ctx.dist}.get_world_size()", "the number of processes"),
+    "local_rank": _launcher_number("LOCAL_RANK", "the rank on this host"),
+    "local_size": _launcher_number("LOCAL_WORLD_SIZE", "the number of processes on this host"),
+    "cross_rank": _launcher_number("GROUP_RANK", "this host's index"),
+    "cross_size": _launcher_number("GROUP_WORLD_SIZE", "the number of hosts"),
+    "is_initialized": lambda ctx: (f"{ctx.dist}.is_initialized()", "whether the process group is up"),
+    "nccl_built": lambda ctx: (f"{ctx.dist}.is_nccl_available()", "whether torch has NCCL"),
+    "gloo_built": lambda ctx: (f"{ctx.dist}.is_gloo_available()", "whether torch has Gloo"),
+    "mpi_built": lambda ctx: (f"{ctx.dist}.is_mpi_available()", "whether torch has MPI"),
+    "cuda_built": lambda ctx: ("torch.backends.cuda.is_built()", "whether torch is built with CUDA"),
+    "barrier": lambda ctx: (f"{ctx.dist}.barrier()", "waits for every rank"),
+    "shutdown": lambda ctx: (f"{ctx.dist}.destroy_process_group()", "leaves the process group"),
+}
+
+
+def init(ctx: Context) -> tuple[str, str]:
+    """hvd.init() -> joining the process group torchrun describes."""
+    ctx.imports.add("torch")
+    backend = f"{ctx.string('cpu:gloo,cuda:nccl')} if torch.cuda.is_available() else {ctx.string('gloo')}"
+    return (f"{ctx.dist}.init_process_group({backend})",
+            "joins the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): Gloo for "
+            "CPU tensors, and NCCL for CUDA tensors where CUDA is available (Horovod's collectives take CPU "
+            "tensors on GPU machines too, a metric made with torch.tensor(...) among them)")
+
+
+def _op(ctx: Context, options: Dict[str, cst.BaseExpression]) -> Optional[str]:
+    """"Average", "Sum", "Min", ... for a collective's op= and deprecated average=; None when it is no constant."""
+    if "op" in options:
+        api = ctx.names.api(options["op"])
+        return api if api in ("Average", *REDUCE_OPS) else None
+    average = options.get("average")
+    if average is None or (isinstance(average, cst.Name) and average.value in ("True", "None")):
+        return "Average"
+    if isinstance(average, cst.Name) and average.value == "False":
+        return "Sum"
+    return None
+
+
+def _plain(ctx: Context, options: Dict[str, cst.BaseExpression]) -> bool:
+    """No option the port cannot carry: a process set, compression, scale factors."""
+    if "process_set" in options:
+        return False
+    if "compression" in options and ctx.names.api(options["compression"]) != "Compression.none":
+        return False
+    return all(k not in options or code(options[k]) in ("1", "1.0") for k in ("prescale_factor", "postscale_factor"))
+
+
+def _reduced(ctx: Context, tensor: str, op: str) -> tuple[str, str]:
+    """The expression that reduces `tensor` into a new tensor, and what it does."""
+    if op == "Average":
+        return f"{ctx.helper('all_averaged')}({tensor})", "the sum over the ranks, then divided by their number"
+    reduce_op = "" if op == "Sum" else f", {ctx.dist}.ReduceOp.{REDUCE_OPS[op]}"
+    return f"{ctx.helper('all_reduced')}({tensor}{reduce_op})", f"op={op}"
+
+
+def _named(options: Dict[str, cst.BaseExpression]) -> str:
+    return "; name dropped (torch.distributed matches collectives by their order on every rank)" \
+        if "name" in options else ""
+
+
+def collective(ctx: Context, api: str, call: cst.Call) -> Optional[tuple[str, str]]:
+    """A collective used for its value -> (DDP expression, what it does); None when it cannot be ported."""
+    options = arguments(call, api) if api in ("allreduce", "allreduce_", "grouped_allreduce", "allgather",
+                                               "allgather_object", "broadcast", "broadcast_",
+                                               "broadcast_object") else None
+    if options is None or not _plain(ctx, options):
+        return None
+    if api in ("allreduce", "allreduce_", "grouped_allreduce"):
+        op = _op(ctx, options)
+        first = options.get("tensors" if api == "grouped_allreduce" else "tensor")
+        if op is None or first is None:
+            return None
+        if api == "grouped_allreduce":
+            each, does = _reduced(ctx, "tensor", op)
+            return f"[{each} for tensor in {code(first)}]", does + _named(options)
+        reduced, does = _reduced(ctx, code(first), op)
+        if api == "allreduce_":
+            if not pure(first):
+                return None
+            return f"{code(first)}.copy_({reduced})", does + ", written back into the tensor" + _named(options)
+        return reduced, does + _named(options)
+    if api == "allgather" and "tensor" in options:
+        return (f"{ctx.helper('all_gathered')}({code(options['tensor'])})",
+                "every rank's tensor concatenated along the first dimension" + _named(options))
+    if api == "allgather_object" and "obj" in options:
+        return (f"{ctx.helper('all_gathered_objects')}({code(options['obj'])})",
+                "every rank's object, in a list" + _named(options))
+    if api in ("broadcast", "broadcast_") and "tensor" in options and "root_rank" in options:
+        tensor, root = code(options["tensor"]), code(options["root_rank"])
+        copied = f"{ctx.helper('broadcasted')}({tensor}, {root})"
+        if api == "broadcast_":
+            if not pure(options["tensor"]):
+                return None
+            return f"{tensor}.copy_({copied})", f"rank {root}'s tensor, written into this one" + _named(options)
+        return copied, f"rank {root}'s tensor, in a new tensor" + _named(options)
+    if api == "broadcast_object" and "obj" in options:
+        given = options.get("root_rank")
+        root = code(given) if given is not None else "0"
+        src = "" if root == "0" else f", {root}"
+        return (f"{ctx.helper('broadcasted_object')}({code(options['obj'])}{src})",
+                f"rank {root}'s object" + _named(options))
+    return None
+
+
+def in_place_statement(ctx: Context, api: str, call: cst.Call) -> Optional[tuple[str, str]]:
+    """hvd.allreduce_ (a sum, min, max or product) and hvd.broadcast_ as statements: torch.distributed's own
+    in-place calls."""
+    options = arguments(call, api)
+    if options is None or not _plain(ctx, options) or "tensor" not in options:
+        return None
+    tensor = code(options["tensor"])
+    if api == "broadcast_" and "root_rank" in options:
+        root = code(options["root_rank"])
+        return f"{ctx.dist}.broadcast({tensor}, src={root})", f"rank {root}'s tensor, in place" + _named(options)
+    if api == "allreduce_":
+        op = _op(ctx, options)
+        if op in REDUCE_OPS:
+            reduce_op = "" if op == "Sum" else f", op={ctx.dist}.ReduceOp.{REDUCE_OPS[op]}"
+            return f"{ctx.dist}.all_reduce({tensor}{reduce_op})", f"op={op}, in place" + _named(options)
+    return None
+
+
+def constant(ctx: Context, api: str) -> Optional[tuple[str, str]]:
+    """Horovod names used as values: hvd.SyncBatchNorm, the compression constants."""
+    if api == "SyncBatchNorm":
+        ctx.imports.add("torch")
+        return "torch.nn.SyncBatchNorm", "the same layer in torch (torch.nn.SyncBatchNorm)"
+    if api == "Compression.none":
+        return "None", "no DDP communication hook"
+    if api == "Compression.fp16":
+        ctx.imports.add("default_hooks")
+        return f"{ctx.name('default_hooks')}.fp16_compress_hook", "DDP's float16 compression hook"
+    return None

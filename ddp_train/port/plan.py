@@ -1,0 +1,270 @@
+"""The read-only pass before the rewrite: where the script wraps its optimizer (hvd.DistributedOptimizer) and
+which model that optimizer trains, where DDP must wrap the model, every assignment (to find an optimizer's
+constructor) and every backward pass with the loops around it (for no_sync)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Set, Union
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from .context import arguments, code
+from .names import HorovodNames, dotted, target_names
+
+Scope = Union[cst.Module, cst.FunctionDef]
+Block = Union[cst.Module, cst.IndentedBlock]
+
+
+@dataclass
+class Assignment:
+    """`name = value` at a line of a scope."""
+
+    name: str
+    value: cst.BaseExpression
+    line: int
+    scope: Scope
+
+
+@dataclass
+class Placed:
+    """A statement with where it is: the block holding it, its index there, its scope, its line, and every
+    node above it (outermost first)."""
+
+    statement: cst.SimpleStatementLine
+    block: Block
+    index: int
+    scope: Scope
+    line: int
+    ancestors: Sequence[cst.CSTNode]
+
+
+@dataclass
+class Wrap:
+    """An hvd.DistributedOptimizer to replace by DDP: `target = hvd.DistributedOptimizer(optimizer, **options)`,
+    the model it trains (None when the script does not say) and the statement the DDP wrap replaces: the
+    DistributedOptimizer's, or a later hvd.broadcast_parameters of the same model in the same block (the
+    model's weights are final there: a rank-0 checkpoint may be loaded in between)."""
+
+    placed: Placed
+    target: str
+    options: Dict[str, cst.BaseExpression]
+    model: Optional[str]
+    at: Placed
+
+
+@dataclass
+class Plan:
+    """What the rewrite needs to know before it starts."""
+
+    wraps: List[Wrap] = field(default_factory=list)
+    broadcasts: List[Placed] = field(default_factory=list)
+    assignments: List[Assignment] = field(default_factory=list)
+    backwards: List[Placed] = field(default_factory=list)
+
+    def wrap_at(self, statement: cst.CSTNode) -> Optional[Wrap]:
+        """The wrap that replaces `statement`, if one does."""
+        return next((w for w in self.wraps if w.at.statement is statement), None)
+
+    def wrap_of(self, statement: cst.CSTNode) -> Optional[Wrap]:
+        """The wrap of the hvd.DistributedOptimizer `statement`, if it is one."""
+        return next((w for w in self.wraps if w.placed.statement is statement), None)
+
+    def assigned(self, name: str, scope: Scope, before: int) -> Optional[Assignment]:
+        """The last assignment to `name` before line `before`, in `scope` or else at module level."""
+        for wanted in (scope, None):
+            found = [a for a in self.assignments if a.name == name and a.line < before
+                     and (a.scope is scope if wanted is not None else isinstance(a.scope, cst.Module))]
+            if found:
+                return max(found, key=lambda a: a.line)
+        return None
+
+    def all_assigned(self, name: str) -> List[Assignment]:
+        """Every assignment to `name`, anywhere."""
+        return [a for a in self.assignments if a.name == name]
+
+
+def single(statement: cst.CSTNode) -> Optional[cst.BaseSmallStatement]:
+    """The one small statement of a simple statement line, else None."""
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement.body[0]
+    return None
+
+
+def called(statement: cst.CSTNode) -> Optional[cst.Call]:
+    """The call a statement consists of (`f(...)` or `x = f(...)`), else None."""
+    small = single(statement)
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        return small.value
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Call):
+        return small.value
+    return None
+
+
+def _model_of_parameters(node: Optional[cst.BaseExpression], method: Sequence[str]) -> Optional[str]:
+    """"model" for `model.parameters()` (or another of `method`), else None."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in method \
+            and not node.args:
+        return dotted(node.func.value)
+    return None
+
+
+class Planner(cst.CSTVisitor):
+    """Collects a Plan (run through a MetadataWrapper, for lines)."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, names: HorovodNames) -> None:
+        self.names = names
+        self.plan = Plan()
+        self.stack: List[cst.CSTNode] = []
+        self._distopts: List[Placed] = []
+        self.quotes = {"'": 0, '"': 0}
+        #: the names each function binds (parameters, assignments, loops, imports, nested definitions)
+        self.locals: Dict[int, Set[str]] = {}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.stack.append(node)
+        if isinstance(node, cst.SimpleStatementLine):
+            self._statement(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        self.stack.pop()
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        body = node.value.lstrip("rbuRBUfF")
+        if body[:1] in self.quotes and not body.startswith(body[:1] * 3):
+            self.quotes[body[:1]] += 1
+
+    def _bind(self, names: Set[str], outer: bool = False) -> None:
+        stack = self.stack[:-1] if outer else self.stack
+        function = next((n for n in reversed(stack) if isinstance(n, cst.FunctionDef)), None)
+        if function is not None:
+            self.locals.setdefault(id(function), set()).update(names)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._bind({node.name.value}, outer=True)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._bind({node.name.value}, outer=True)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self._bind({node.name.value})
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._bind(target_names(node.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind(target_names(node.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind(target_names(node.target))
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(target_names(node.target))
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self._bind(target_names(node.name))
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        if node.asname is None:
+            self._bind({(dotted(node.name) or "").split(".")[0]})
+
+    @property
+    def quote(self) -> str:
+        """The quote the script writes most of its strings with."""
+        return "'" if self.quotes["'"] > self.quotes['"'] else '"'
+
+    def _line(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.line
+
+    def _placed(self, statement: cst.SimpleStatementLine) -> Placed:
+        ancestors = self.stack[:-1]
+        block = next(n for n in reversed(ancestors) if isinstance(n, (cst.Module, cst.IndentedBlock)))
+        scope = next((n for n in reversed(ancestors) if isinstance(n, cst.FunctionDef)), ancestors[0])
+        index = next(i for i, s in enumerate(block.body) if s is statement)
+        return Placed(statement, block, index, scope, self._line(statement), list(ancestors))  # type: ignore[arg-type]
+
+    def _statement(self, statement: cst.SimpleStatementLine) -> None:
+        small = single(statement)
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            name = dotted(small.targets[0].target)
+            if name:
+                placed = self._placed(statement)
+                self.plan.assignments.append(Assignment(name, small.value, placed.line, placed.scope))
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and \
+                isinstance(small.value.func, cst.Attribute) and small.value.func.attr.value == "backward":
+            self.plan.backwards.append(self._placed(statement))
+        call = called(statement)
+        if call is None:
+            return
+        api = self.names.api(call.func)
+        if api == "DistributedOptimizer" and isinstance(small, cst.Assign):
+            self._distopts.append(self._placed(statement))
+        elif api == "broadcast_parameters" and isinstance(small, cst.Expr):
+            self.plan.broadcasts.append(self._placed(statement))
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for placed in self._distopts:
+            small = single(placed.statement)
+            assert isinstance(small, cst.Assign) and isinstance(small.value, cst.Call)
+            options = arguments(small.value, "DistributedOptimizer")
+            if options is None or "optimizer" not in options:
+                continue
+            model = _model_of_parameters(options.get("named_parameters"), ("named_parameters",)) or \
+                self._model_of_optimizer(options["optimizer"], placed)
+            self.plan.wraps.append(Wrap(placed, code(small.targets[0].target), options, model,
+                                        self._wrap_place(placed, model)))
+
+    def _model_of_optimizer(self, optimizer: cst.BaseExpression, placed: Placed) -> Optional[str]:
+        """The model whose parameters() the optimizer was built with."""
+        built = self.constructor(optimizer, placed.scope, placed.line)
+        if built is None or not built.args:
+            return None
+        return _model_of_parameters(built.args[0].value, ("parameters", "named_parameters"))
+
+    def constructor(self, optimizer: cst.BaseExpression, scope: Scope, line: int) -> Optional[cst.Call]:
+        """The call that built `optimizer` (through hvd.DistributedOptimizer), if the script shows it."""
+        for _ in range(8):  # optimizer = hvd.DistributedOptimizer(optimizer, ...) chains are short
+            if isinstance(optimizer, cst.Call):
+                if self.names.api(optimizer.func) != "DistributedOptimizer":
+                    return optimizer
+                options = arguments(optimizer, "DistributedOptimizer") or {}
+                if "optimizer" not in options:
+                    return None
+                optimizer = options["optimizer"]
+                continue
+            name = dotted(optimizer)
+            assignment = self.plan.assigned(name, scope, line) if name else None
+            if assignment is None:
+                return None
+            optimizer, line, scope = assignment.value, assignment.line, assignment.scope
+        return None
+
+    def _wrap_place(self, placed: Placed, model: Optional[str]) -> Placed:
+        later = [b for b in self.plan.broadcasts if b.block is placed.block and b.index > placed.index
+                 and model is not None and _broadcast_model(b) == model]
+        return later[0] if later else placed
+
+
+def _broadcast_model(placed: Placed) -> Optional[str]:
+    """"model" for hvd.broadcast_parameters(model.state_dict() | model.parameters() | ..., root_rank=0)."""
+    call = called(placed.statement)
+    if call is None or not call.args:
+        return None
+    return _model_of_parameters(call.args[0].value, ("state_dict", "parameters", "named_parameters"))
+
+
+def broadcast_model(placed: Placed) -> Optional[str]:
+    """The model an hvd.broadcast_parameters statement broadcasts, when it names one."""
+    return _broadcast_model(placed)
+
+
+def plan(wrapper: cst.MetadataWrapper, names: HorovodNames) -> tuple[Plan, Planner]:
+    """The plan of the module `wrapper` holds, and the planner (which can still look up constructors)."""
+    planner = Planner(names)
+    wrapper.visit(planner)
+    return planner.plan, planner

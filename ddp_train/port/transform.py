@@ -1,0 +1,459 @@
+"""The rewrite pass: every rule applied where the plan found its idiom, the script's own code left as it is."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Set, Union, cast
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from . import expressions, optimizer
+from .accumulation import Site
+from .context import Context, above, arguments, code, with_above
+from .names import dotted, horovod_import
+from .plan import Plan, Planner, Wrap, broadcast_model, called, single
+from .unported import comment_line, reason, references, with_comment
+
+#: what a DDP object answers itself; any other attribute of the wrapped model is the model's (`.module`)
+DDP_SURFACE = frozenset({
+    "train", "eval", "parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
+    "modules", "named_modules", "zero_grad", "to", "cuda", "cpu", "apply", "requires_grad_", "training", "module",
+    "no_sync", "join", "register_comm_hook", "forward", "float", "half", "double", "bfloat16", "type",
+    "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook", "register_backward_hook",
+    "get_submodule", "get_parameter", "get_buffer", "share_memory",
+})
+#: Horovod calls ported as whole statements
+STATEMENTS = frozenset({"DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "join",
+                        "horovod.run", "start_timeline", "stop_timeline", "allreduce_", "broadcast_"})
+
+Statements = Union[cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement], cst.RemovalSentinel]
+
+
+class Porter(cst.CSTTransformer):
+    """Applies the rules (through a MetadataWrapper, for the source's lines)."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, ctx: Context, plan: Plan, planner: Planner, sites: Dict[int, tuple[Site, Wrap]],
+                 config: cst.PartialParserConfig) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.plan = plan
+        self.planner = planner
+        self.sites = sites
+        self.config = config
+        self.functions: List[cst.FunctionDef] = []
+        self.classes: List[cst.ClassDef] = []
+        self.owned: Set[int] = set()  # statements a statement rule ports whole
+        self.removed: Dict[int, cst.CSTNode] = {}  # markers of removed statements (held: their ids stay theirs)
+        self.imports: Dict[str, int] = {}  # a Horovod import statement's code -> its line
+        self.used: Set[str] = set()  # Horovod names what is left unported still uses
+        self.wrap_targets = {w.target for w in plan.wraps if w.model}
+        self.module: Optional[cst.Module] = None
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+
+    def line(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.line
+
+    def parse(self, text: str) -> cst.BaseStatement:
+        return cst.parse_statement(text + "\n", config=self.config)
+
+    def marker(self, updated: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+        """A statement to remove: taken out of its block, keeping the blank lines above it."""
+        gone = updated.with_changes(body=[cst.Pass()], trailing_whitespace=cst.TrailingWhitespace())
+        self.removed[id(gone)] = gone
+        return gone
+
+    def replaced(self, updated: cst.BaseStatement, texts: Sequence[str],
+                 comments: Sequence[str] = ()) -> Statements:
+        """Statements `texts` in place of `updated`, under its comments (and any `# port:` ones)."""
+        if not texts:
+            assert isinstance(updated, cst.SimpleStatementLine)
+            return self.marker(updated)
+        new = [self.parse(t) for t in texts]
+        first: cst.BaseStatement = with_above(new[0], above(updated))
+        for text in comments:
+            first = cast(cst.BaseStatement, with_comment(first, text))
+        return cst.FlattenSentinel([first, *new[1:]])
+
+    def _indent(self) -> int:
+        return 4 * (len(self.functions) + len(self.classes))  # a guess that only sizes comments
+
+    def _leave_unported(self, original: cst.CSTNode, updated: cst.CSTNode, parts: Sequence[cst.CSTNode]) -> cst.CSTNode:
+        """Mark and record what of `parts` still names Horovod."""
+        left = references(self.ctx.names, parts)
+        if not left:
+            return updated
+        self.used |= {code(node).split(".")[0] for node in left}
+        api = self.ctx.names.api(left[0]) or code(left[0])
+        why = reason(api)
+        self.ctx.leave(self.line(original), original, why)
+        return with_comment(updated, comment_line(code(left[0]), why, self._indent()))
+
+    # -- scopes --------------------------------------------------------------------------------------------------
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> Statements:
+        self.functions.pop()
+        return self._statement_left(original_node, updated_node,
+                                    [*updated_node.decorators, updated_node.params])
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> Statements:
+        self.classes.pop()
+        return self._statement_left(original_node, updated_node,
+                                    [*updated_node.decorators, *updated_node.bases, *updated_node.keywords])
+
+    def _locals_of(self, function: cst.FunctionDef) -> Set[str]:
+        return self.planner.locals.get(id(function), set())
+
+    # -- statements ----------------------------------------------------------------------------------------------
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        call = called(node)
+        api = self.ctx.names.api(call.func) if call is not None else None
+        small = single(node)
+        if api in STATEMENTS and (isinstance(small, cst.Expr) or api == "DistributedOptimizer"):
+            if api in ("allreduce_", "broadcast_"):
+                assert call is not None
+                if expressions.in_place_statement(Context(self.ctx.names, set(), "'", self.ctx.options), api,
+                                                  call) is None:
+                    return True  # ported as an expression
+            self.owned.add(id(node))
+            return False
+        if self._synchronize(node):
+            self.owned.add(id(node))
+            return False
+        return True
+
+    def _synchronize(self, node: cst.SimpleStatementLine) -> bool:
+        call = called(node)
+        return call is not None and isinstance(single(node), cst.Expr) and isinstance(call.func, cst.Attribute) \
+            and call.func.attr.value == "synchronize" and not call.args \
+            and dotted(call.func.value) in self.wrap_targets
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
+                                  updated_node: cst.SimpleStatementLine) -> Statements:
+        if id(original_node) in self.owned:
+            return self._statement(original_node, updated_node)
+        small = single(original_node)
+        if small is not None and horovod_import(small):
+            self.imports.setdefault(code(small), self.line(original_node))
+            return updated_node
+        if id(original_node) in self.sites:
+            return self._no_sync(original_node, updated_node)
+        return self._statement_left(original_node, updated_node, [updated_node])
+
+    def _statement(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> Statements:
+        line = self.line(original)
+        if self._synchronize(original):
+            self.ctx.change(line, "optimizer.synchronize()", "removed: DDP has averaged the gradients when "
+                            "backward() returns")
+            return self.marker(updated)
+        call = called(original)
+        assert call is not None
+        api = self.ctx.names.api(call.func)
+        handler = {"DistributedOptimizer": self._distributed_optimizer,
+                   "broadcast_parameters": self._broadcast_parameters,
+                   "broadcast_optimizer_state": self._broadcast_optimizer_state,
+                   "join": self._join, "horovod.run": self._run,
+                   "start_timeline": self._timeline, "stop_timeline": self._timeline,
+                   "allreduce_": self._in_place, "broadcast_": self._in_place}[str(api)]
+        result = handler(original, updated, call, line)
+        if result is None:
+            return self._statement_left(original, updated, [updated])
+        return result
+
+    def _wrap(self, wrap: Wrap, line: int) -> tuple[List[str], List[str]]:
+        assert wrap.model is not None
+        sites = sum(1 for site, w in self.sites.values() if w is wrap)
+        return optimizer.wrap_statements(self.ctx, wrap.options, wrap.model, line, sites)
+
+    def _distributed_optimizer(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine,
+                               call: cst.Call, line: int) -> Optional[Statements]:
+        wrap = self.plan.wrap_of(original)
+        if wrap is None or wrap.model is None:
+            return None
+        texts: List[str] = []
+        inner = code(wrap.options["optimizer"])
+        if inner != wrap.target:
+            texts.append(f"{wrap.target} = {inner}")
+        comments: List[str] = []
+        if wrap.at.statement is original:
+            statements, comments = self._wrap(wrap, line)
+            texts += statements
+        else:
+            self.ctx.change(line, "hvd.DistributedOptimizer", f"the DDP wrap of {wrap.model} moves to line "
+                            f"{wrap.at.line}, where hvd.broadcast_parameters made the weights final")
+        return self.replaced(updated, texts, comments)
+
+    def _broadcast_parameters(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine,
+                              call: cst.Call, line: int) -> Optional[Statements]:
+        wrap = self.plan.wrap_at(original)
+        if wrap is not None:
+            self.ctx.change(line, "hvd.broadcast_parameters", f"the DDP wrap of {wrap.model}: DDP broadcasts rank "
+                            "0's parameters and buffers when it wraps the model")
+            statements, comments = self._wrap(wrap, line)
+            return self.replaced(updated, statements, comments)
+        model = broadcast_model(next(b for b in self.plan.broadcasts if b.statement is original))
+        options = arguments(call, "broadcast_parameters") or {}
+        before = [w for w in self.plan.wraps if w.model == model and w.at.scope is self._scope()
+                  and w.at.line > line]
+        if not before or code(options.get("root_rank", cst.Integer("0"))) != "0":
+            return None
+        self.ctx.change(line, "hvd.broadcast_parameters", f"removed: DDP broadcasts rank 0's parameters and "
+                        f"buffers when it wraps {model} (line {before[0].at.line})")
+        return self.marker(updated)
+
+    def _scope(self) -> cst.CSTNode:
+        return self.functions[-1] if self.functions else self.planner_module
+
+    @property
+    def planner_module(self) -> cst.CSTNode:
+        assert self.module is not None
+        return self.module
+
+    def _broadcast_optimizer_state(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine,
+                                   call: cst.Call, line: int) -> Optional[Statements]:
+        options = arguments(call, "broadcast_optimizer_state")
+        if not options or "optimizer" not in options:
+            return None
+        name = code(options["optimizer"])
+        built = self.planner.constructor(options["optimizer"], self._scope(), line)  # type: ignore[arg-type]
+        texts: List[str] = []
+        if self.ctx.options.zero_step == "keep":
+            helper = self.ctx.helper("step_on_zero_gradients")
+            texts.append(f"{helper}({name})")
+            self.ctx.zero_step = "kept"
+            self.ctx.change(line, "hvd.broadcast_optimizer_state", f"Horovod's zero step made explicit: {helper}"
+                            f"({name}) steps a fresh optimizer once on zero gradients, as Horovod did")
+        else:
+            self.ctx.zero_step = "dropped"
+            changes, effect = optimizer.zero_step_effect(built)
+            text = "removed with Horovod's zero step (a fresh optimizer has no state to broadcast; port with " \
+                "--zero-step keep to make the step explicit)" + ("" if changes else f": {effect}")
+            self.ctx.change(line, "hvd.broadcast_optimizer_state", text, changes, effect if changes else None,
+                            optimizer.CAUSE_ZERO_STEP if changes else None)
+        if self._loads_state(name):
+            box = self.ctx.helper("broadcasted_object")
+            texts.append(f"{name}.load_state_dict({box}({name}.state_dict()))")
+            self.ctx.change(line, "hvd.broadcast_optimizer_state", f"rank 0's optimizer state (the script loads one "
+                            f"from a checkpoint) loaded on every rank: {box}({name}.state_dict())")
+        return self.replaced(updated, texts)
+
+    def _loads_state(self, name: str) -> bool:
+        """The script calls `name.load_state_dict(...)` somewhere (rank 0 resuming)."""
+        return name in self.ctx.loads_state
+
+    def _join(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, call: cst.Call,
+              line: int) -> Optional[Statements]:
+        self.ctx.change(line, "hvd.join", f"hvd.join() -> {self.ctx.dist}.barrier(): the same where every rank "
+                        "takes the same number of steps (DistributedSampler pads the shards); for uneven inputs "
+                        "run the loop under `with model.join():`")
+        return self.replaced(updated, [f"{self.ctx.dist}.barrier()"])
+
+    def _run(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, call: cst.Call,
+             line: int) -> Optional[Statements]:
+        message = self.ctx.string("horovod.run has no DDP counterpart: start this script with torchrun "
+                                  "--nproc-per-node N")
+        self.ctx.change(line, "horovod.run", "horovodrun-only: horovod.run starts the workers itself; under torchrun "
+                        "the launcher does, so this path now stops with that message")
+        return self.replaced(updated, [f"raise SystemExit({message})"])
+
+    def _timeline(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, call: cst.Call,
+                  line: int) -> Optional[Statements]:
+        self.ctx.change(line, "hvd.start_timeline", "removed: DDP has no timeline; torch.profiler records a trace")
+        return self.marker(updated)
+
+    def _in_place(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, call: cst.Call,
+                  line: int) -> Optional[Statements]:
+        api = str(self.ctx.names.api(call.func))
+        found = expressions.in_place_statement(self.ctx, api, call)
+        if found is None:
+            return None
+        text, does = found
+        self.ctx.change(line, f"hvd.{api}", f"{code(call.func)}(...) -> {text}: {does}")
+        return self.replaced(updated, [text])
+
+    def _no_sync(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> cst.BaseStatement:
+        site, wrap = self.sites[id(original)]
+        self.ctx.imports.add("contextlib")
+        header = self.parse(f"with contextlib.nullcontext() if {site.condition} else {wrap.model}.no_sync():\n"
+                            "    pass")
+        assert isinstance(header, cst.With) and isinstance(header.body, cst.IndentedBlock)
+        inner = updated.with_changes(leading_lines=[])
+        passes = code(wrap.options["backward_passes_per_step"])
+        self.ctx.change(self.line(original), "backward_passes_per_step",
+                        f"the backward pass runs under {wrap.model}.no_sync() unless {site.condition}: DDP averages "
+                        f"the gradients on the last pass before {wrap.target}.step() only, as Horovod did every "
+                        f"{passes} passes")
+        return header.with_changes(leading_lines=updated.leading_lines,
+                                   body=header.body.with_changes(body=[inner]))
+
+    # -- compound statements ---------------------------------------------------------------------------------------
+
+    def leave_With(self, original_node: cst.With, updated_node: cst.With) -> Statements:
+        if len(updated_node.items) == 1 and isinstance(updated_node.body, cst.IndentedBlock):
+            item = updated_node.items[0].item
+            if isinstance(item, cst.Call) and isinstance(item.func, cst.Attribute) and \
+                    item.func.attr.value == "skip_synchronize" and dotted(item.func.value) in self.wrap_targets:
+                self.ctx.change(self.line(original_node), "optimizer.skip_synchronize()", "unwrapped: DDP's "
+                                "optimizer has no synchronize() to skip")
+                body: List[cst.BaseStatement] = list(updated_node.body.body)
+                body[0] = with_above(body[0], [*updated_node.leading_lines, *above(body[0])])
+                return cst.FlattenSentinel(body)
+        return self._statement_left(original_node, updated_node, [i.item for i in updated_node.items])
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> Statements:
+        return self._statement_left(original_node, updated_node, [updated_node.test])
+
+    def leave_While(self, original_node: cst.While, updated_node: cst.While) -> Statements:
+        return self._statement_left(original_node, updated_node, [updated_node.test])
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> Statements:
+        return self._statement_left(original_node, updated_node, [updated_node.target, updated_node.iter])
+
+    def leave_ExceptHandler(self, original_node: cst.ExceptHandler,
+                            updated_node: cst.ExceptHandler) -> cst.ExceptHandler:
+        return cast(cst.ExceptHandler, self._leave_unported(
+            original_node, updated_node, [updated_node.type] if updated_node.type is not None else []))
+
+    def _statement_left(self, original: cst.CSTNode, updated: cst.CSTNode, parts: Sequence[cst.CSTNode]) -> Statements:
+        return cast(cst.BaseStatement, self._leave_unported(original, updated, parts))
+
+    # -- expressions -------------------------------------------------------------------------------------------------
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        api = self.ctx.names.api(original_node.func)
+        if api is None:
+            return updated_node
+        line = self.line(original_node)
+        found: Optional[tuple[str, str]] = None
+        if api in expressions.QUERIES and not original_node.args:
+            found = expressions.QUERIES[api](self.ctx)
+        elif api == "init" and not original_node.args:
+            found = expressions.init(self.ctx)
+        elif api in ("allreduce", "allreduce_", "grouped_allreduce", "allgather", "allgather_object", "broadcast",
+                     "broadcast_", "broadcast_object"):
+            found = expressions.collective(self.ctx, api, updated_node)
+        if found is None:
+            return updated_node
+        text, does = found
+        self.ctx.change(line, f"hvd.{api}", f"{code(original_node.func)}(...) -> {text}: {does}"
+                        if original_node.args else f"{code(original_node)} -> {text}: {does}")
+        return cst.parse_expression(text, config=self.config)
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        api = self.ctx.names.api(original_node)
+        if api is not None:
+            return self._constant(original_node, updated_node, api)
+        wrap = self._wrapped(original_node)
+        if wrap is None:
+            return updated_node
+        attr = original_node.attr.value
+        checkpoint = " (checkpoints keep the model's own keys, without 'module.')" \
+            if attr in ("state_dict", "load_state_dict") else ""
+        self.ctx.change(self.line(original_node), "the model after the DDP wrap",
+                        f"{wrap.model}.{attr} -> {wrap.model}.module.{attr}: DDP holds the model as .module"
+                        + checkpoint)
+        return updated_node.with_changes(value=cst.Attribute(value=updated_node.value, attr=cst.Name("module")))
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        api = self.ctx.names.api(original_node)
+        return updated_node if api is None else self._constant(original_node, updated_node, api)
+
+    def _constant(self, original: cst.BaseExpression, updated: cst.BaseExpression, api: str) -> cst.BaseExpression:
+        found = expressions.constant(self.ctx, api)
+        if found is None:
+            return updated
+        text, does = found
+        self.ctx.change(self.line(original), f"hvd.{api}", f"{code(original)} -> {text}: {does}")
+        return cst.parse_expression(text, config=self.config)
+
+    def _wrapped(self, attribute: cst.Attribute) -> Optional[Wrap]:
+        """The wrap whose model `attribute` reads after the wrap, for an attribute DDP does not answer itself."""
+        if attribute.attr.value in DDP_SURFACE:
+            return None
+        base = dotted(attribute.value)
+        for wrap in self.plan.wraps:
+            if wrap.model is None or wrap.model != base:
+                continue
+            scope = self._scope()
+            if scope is wrap.at.scope:
+                if self.line(attribute) > wrap.at.line:
+                    return wrap
+                continue
+            if base.startswith("self."):
+                if self.classes and any(s is wrap.at.scope for s in self._methods(self.classes[-1])):
+                    return wrap
+                continue
+            if isinstance(wrap.at.scope, cst.Module):
+                inner = self.functions
+            elif any(f is wrap.at.scope for f in self.functions):
+                inner = self.functions[[id(f) for f in self.functions].index(id(wrap.at.scope)) + 1:]
+            else:
+                continue
+            if not any(base.split(".")[0] in self._locals_of(f) for f in inner):
+                return wrap
+        return None
+
+    @staticmethod
+    def _methods(cls: cst.ClassDef) -> List[cst.CSTNode]:
+        body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+        return [s for s in body if isinstance(s, cst.FunctionDef)]
+
+    # -- blocks: removed statements leave their blank lines, and no block is left empty -------------------------------
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.module = node
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
+                            updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        body = self._without_removed(updated_node.body)
+        return updated_node.with_changes(body=body or [cst.SimpleStatementLine(body=[cst.Pass()])])
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return updated_node.with_changes(body=self._without_removed(updated_node.body))
+
+    def _without_removed(self, body: Sequence[cst.BaseStatement]) -> List[cst.BaseStatement]:
+        kept: List[cst.BaseStatement] = []
+        carried: List[cst.EmptyLine] = []
+        for statement in body:
+            if id(statement) in self.removed:
+                lines = above(statement)
+                while lines and lines[-1].comment is not None:
+                    lines.pop()  # the comment that says what the removed statement did goes with it
+                carried += lines
+                continue
+            if carried:
+                statement = with_above(statement, _merged(carried, above(statement)))
+                carried = []
+            kept.append(statement)
+        return kept
+
+
+def _blank_runs(lines: Sequence[cst.EmptyLine]) -> int:
+    """The longest run of blank lines in `lines`."""
+    longest = run = 0
+    for line in lines:
+        run = run + 1 if line.comment is None else 0
+        longest = max(longest, run)
+    return longest
+
+
+def _merged(carried: Sequence[cst.EmptyLine], own: Sequence[cst.EmptyLine]) -> List[cst.EmptyLine]:
+    """The lines above a removed statement followed by those above the next one, with no longer run of blank
+    lines than either had."""
+    limit = max(_blank_runs(carried), _blank_runs(own))
+    merged: List[cst.EmptyLine] = []
+    run = 0
+    for line in [*carried, *own]:
+        run = run + 1 if line.comment is None else 0
+        if run <= limit:
+            merged.append(line)
+    return merged

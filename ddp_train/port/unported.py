@@ -1,0 +1,93 @@
+"""What the port leaves as Horovod: the references it found no rule for, why, and the comment above them."""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import libcst as cst
+
+from .context import code
+from .names import HorovodNames
+
+#: why a Horovod API has no rewrite, by its first name
+REASONS = {
+    "Adasum": "DDP has no Adasum: average the gradients and retune the learning rate",
+    "ProcessSet": "process sets: use dist.new_group(ranks) and pass it as group= / process_group=",
+    "add_process_set": "process sets: use dist.new_group(ranks)",
+    "remove_process_set": "process sets: use dist.new_group(ranks)",
+    "global_process_set": "process sets: torch.distributed's default group is every rank",
+    "elastic": "Horovod elastic: use torchrun --max-restarts with checkpoints",
+    "poll": "asynchronous collectives: use async_op=True and work.wait()",
+    "synchronize": "asynchronous collectives: use async_op=True and work.wait()",
+    "alltoall": "use dist.all_to_all_single (with the split sizes of every rank)",
+    "reducescatter": "use dist.reduce_scatter_tensor",
+    "grouped_reducescatter": "use dist.reduce_scatter_tensor per tensor",
+    "grouped_allgather": "use all_gathered per tensor",
+    "join": "hvd.join()'s value (the last rank to join) has no torch.distributed counterpart",
+    "HorovodInternalError": "torch.distributed raises DistBackendError",
+    "mpi_threads_supported": "no torch.distributed counterpart",
+    "mpi_enabled": "no torch.distributed counterpart: dist.get_backend() names the backend",
+    "gloo_enabled": "no torch.distributed counterpart: dist.get_backend() names the backend",
+}
+PREFIX = "# port: not ported: "
+
+
+def reason(api: str) -> str:
+    """Why `api` (e.g. "allreduce_async") has no rewrite."""
+    head = api.split(".")[0]
+    if head.endswith("_async") or head.endswith("_async_"):
+        return REASONS["poll"]
+    return REASONS.get(head, f"no rule rewrites hvd.{api} (see docs/migrating-from-horovod.md#the-map)")
+
+
+class _References(cst.CSTVisitor):
+    def __init__(self, names: HorovodNames) -> None:
+        self.names = names
+        self.found: List[cst.BaseExpression] = []
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if self.names.api(node) is not None:
+            self.found.append(node)
+            return False
+        return True
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value in self.names.aliases:
+            self.found.append(node)
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> bool:
+        return False  # a compound statement's body is judged statement by statement
+
+
+def references(names: HorovodNames, parts: Sequence[cst.CSTNode]) -> List[cst.BaseExpression]:
+    """The Horovod references in `parts` (not in nested blocks)."""
+    finder = _References(names)
+    for part in parts:
+        part.visit(finder)
+    return finder.found
+
+
+def comment_line(spelled: str, why: str, indent: int, width: int = 120) -> str:
+    """The one-line comment above what was left, cut to fit `width` columns at `indent`."""
+    text = f"{PREFIX}{spelled}: {why}"
+    room = width - indent
+    return text if len(text) <= room else text[:room - 3].rstrip() + "..."
+
+
+def with_comment(statement: cst.CSTNode, text: str) -> cst.CSTNode:
+    """`statement` with `text` as the last comment line above it (once: porting twice adds nothing)."""
+    lines = list(getattr(statement, "leading_lines", []))
+    if lines and lines[-1].comment is not None and lines[-1].comment.value == text:
+        return statement
+    return statement.with_changes(leading_lines=[*lines, cst.EmptyLine(indent=True, comment=cst.Comment(text))])
+
+
+def spelled(node: cst.BaseExpression) -> str:
+    """How the script wrote a reference."""
+    return code(node)
