@@ -1,6 +1,8 @@
 """backward_passes_per_step=K -> DDP's no_sync: where a loop's structure shows which backward pass is the last
 before the optimizer's step, every other pass runs under `model.no_sync()`, so that DDP averages the gradients
-once per step, on the pass Horovod averaged them on. Two structures qualify:
+once per step, on the pass Horovod averaged them on. DDP decides in the forward pass whether the backward pass
+reduces, so `no_sync` holds both: the statements from the first that calls the model (else from the top of the
+loop's body) to the backward pass. Two structures qualify:
 
 - the step inside the loop, under a condition: `loss.backward()` then `if COND: optimizer.step()`: the pass
   syncs when COND holds;
@@ -23,10 +25,12 @@ ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide, 
 
 @dataclass(frozen=True)
 class Site:
-    """A backward pass to run under no_sync unless `condition` holds (the last pass before the step)."""
+    """A forward and backward pass to run under no_sync unless `condition` holds (the last pass before the
+    step): the statements of `placed.block` from index `first` to the backward pass's."""
 
     placed: Placed
     condition: str
+    first: int
 
 
 def pure(node: cst.BaseExpression, arithmetic_only: bool = False) -> bool:
@@ -95,7 +99,27 @@ def _owner(placed: Placed) -> Tuple[Optional[cst.CSTNode], Optional[cst.CSTNode]
     return ancestors[-2], ancestors[-3]
 
 
-def _conditional_step(placed: Placed, optimizer: str) -> Tuple[bool, Optional[str]]:
+def _calls(statement: cst.CSTNode, model: str) -> bool:
+    """`statement` calls `model(...)` (its forward pass)."""
+    found: List[cst.Call] = []
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if dotted(node.func) == model:
+                found.append(node)
+
+    statement.visit(Calls())
+    return bool(found)
+
+
+def _first(placed: Placed, model: str) -> int:
+    """Where no_sync starts: the first statement before the backward pass that calls the model, else the top of
+    the block."""
+    body = placed.block.body
+    return next((i for i in range(placed.index + 1) if _calls(body[i], model)), 0)
+
+
+def _conditional_step(placed: Placed, optimizer: str, first: int) -> Tuple[bool, Optional[str]]:
     """(found, condition) for a backward pass followed in its loop by `if COND: optimizer.step()`; (True, None)
     when a step follows unconditionally (every pass syncs, as under Horovod)."""
     owner, _ = _owner(placed)
@@ -107,7 +131,9 @@ def _conditional_step(placed: Placed, optimizer: str) -> Tuple[bool, Optional[st
             return True, None
         if _steps_under(statement, optimizer):
             assert isinstance(statement, cst.If)
-            between = set().union(*(bound_names(s) for s in after[:position]))
+            # COND is read before the forward pass now, where the script read it after the backward pass
+            before = placed.block.body[first:placed.index + 1 + position]
+            between = set().union(*(bound_names(s) for s in before))
             if pure(statement.test) and not (_names(statement.test) & between) and statement.orelse is None:
                 return True, code(statement.test)
             return False, None
@@ -140,18 +166,19 @@ def _last_of_range(placed: Placed, optimizer: str) -> Optional[str]:
     return f"{owner.target.value} + {code(step) if step is not None else 1} >= {code(stop)}"
 
 
-def sites(backwards: Sequence[Placed], optimizer: str) -> Tuple[List[Site], List[Placed]]:
-    """The backward passes to run under no_sync, and those whose loop shows no last pass (left syncing at every
-    pass)."""
+def sites(backwards: Sequence[Placed], optimizer: str, model: str) -> Tuple[List[Site], List[Placed]]:
+    """The passes to run under no_sync, and the backward passes whose loop shows no last pass (left syncing at
+    every pass)."""
     found: List[Site] = []
     unclear: List[Placed] = []
     for placed in backwards:
-        known, condition = _conditional_step(placed, optimizer)
+        first = _first(placed, model)
+        known, condition = _conditional_step(placed, optimizer, first)
         if known and condition is None:
             continue
         condition = condition or _last_of_range(placed, optimizer)
         if condition:
-            found.append(Site(placed, condition))
+            found.append(Site(placed, condition, first))
         else:
             unclear.append(placed)
     return found, unclear

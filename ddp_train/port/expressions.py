@@ -41,9 +41,8 @@ def init(ctx: Context) -> tuple[str, str]:
     ctx.imports.add("torch")
     backend = f"{ctx.string('cpu:gloo,cuda:nccl')} if torch.cuda.is_available() else {ctx.string('gloo')}"
     return (f"{ctx.dist}.init_process_group({backend})",
-            "joins the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): Gloo for "
-            "CPU tensors, and NCCL for CUDA tensors where CUDA is available (Horovod's collectives take CPU "
-            "tensors on GPU machines too, a metric made with torch.tensor(...) among them)")
+            "joins torchrun's process group: Gloo for CPU tensors, NCCL for CUDA ones where CUDA is available "
+            "(Horovod's collectives take CPU tensors on GPU machines too)")
 
 
 def _op(ctx: Context, options: Dict[str, cst.BaseExpression]) -> Optional[str]:

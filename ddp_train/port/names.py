@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 import ast
-from typing import Dict, Optional, Set
+from typing import Dict, Iterable, Optional, Set
 
 import libcst as cst
 
@@ -96,6 +96,17 @@ class Survey:
     names: HorovodNames
     bound: Set[str]
     loads_state: Set[str]
+    #: the lines each name, and each dotted name an attribute is taken of, appears on
+    lines: Dict[str, Set[int]]
+    #: the quote most of the script's strings are written with
+    quote: str
+
+    def lines_of(self, names: Iterable[str]) -> Set[int]:
+        """Every line any of `names` appears on."""
+        found: Set[int] = set()
+        for name in names:
+            found |= self.lines.get(name, set())
+        return found
 
 
 def _ast_dotted(node: ast.AST) -> Optional[str]:
@@ -107,12 +118,23 @@ def _ast_dotted(node: ast.AST) -> Optional[str]:
     return None
 
 
-def survey(tree: ast.Module) -> Survey:
-    """Survey a parsed script."""
+def survey(tree: ast.Module, text: str) -> Survey:
+    """Survey a parsed script (`text` its source)."""
     names = HorovodNames()
     bound: Set[str] = set()
     loads: Set[str] = set()
+    lines: Dict[str, Set[int]] = {}
+    quotes = {"'": 0, '"': 0}
+    source = text.splitlines()
     for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            name = node.id if isinstance(node, ast.Name) else _ast_dotted(node.value)
+            if name:
+                lines.setdefault(name, set()).update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.lineno <= len(source):
+            start = source[node.lineno - 1][node.col_offset:].lstrip("rbuRBU")
+            if start[:1] in quotes and not start.startswith(start[:1] * 3):
+                quotes[start[:1]] += 1
         if isinstance(node, ast.Import):
             for alias in node.names:
                 bound.add(alias.asname or alias.name.split(".")[0])
@@ -134,7 +156,7 @@ def survey(tree: ast.Module) -> Survey:
             receiver = _ast_dotted(node.func.value)
             if receiver:
                 loads.add(receiver)
-    return Survey(names, bound, loads)
+    return Survey(names, bound, loads, lines, "'" if quotes["'"] > quotes['"'] else '"')
 
 
 class _BindingFinder(cst.CSTVisitor):

@@ -107,9 +107,9 @@ def wrap_statements(ctx: Context, options: Dict[str, cst.BaseExpression], model:
     statements = [f"{model} = {ddp}({model}, forward_sync_buffers=False)"]
     comments: List[str] = []
     ctx.change(line, "hvd.DistributedOptimizer",
-               f"{statements[0]}: DDP broadcasts rank 0's parameters and buffers here and averages the gradients "
-               "during backward(); the optimizer stays a torch one. forward_sync_buffers=False: after that each "
-               "rank keeps its own buffers (BatchNorm statistics), as under Horovod")
+               f"{statements[0]}: broadcasts rank 0's parameters and buffers, then averages the gradients in "
+               "backward(); the optimizer stays torch's; after that each rank keeps its own buffers (BatchNorm "
+               "statistics), as under Horovod")
     hooks: List[str] = []
     if "compression" in options:
         hook = _compression(ctx, options["compression"], model, line)

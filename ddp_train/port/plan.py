@@ -120,7 +120,6 @@ class Planner(cst.CSTVisitor):
         self.plan = Plan()
         self.stack: List[cst.CSTNode] = []
         self._distopts: List[Placed] = []
-        self.quotes = {"'": 0, '"': 0}
         #: the names each function binds (parameters, assignments, loops, imports, nested definitions)
         self.locals: Dict[int, Set[str]] = {}
 
@@ -128,16 +127,12 @@ class Planner(cst.CSTVisitor):
         self.stack.append(node)
         if isinstance(node, cst.SimpleStatementLine):
             self._statement(node)
-        return super().on_visit(node)
+        # no statement is inside an expression: what this pass needs of one it reads from its statement
+        return super().on_visit(node) and not isinstance(node, cst.BaseExpression)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
         self.stack.pop()
-
-    def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        body = node.value.lstrip("rbuRBUfF")
-        if body[:1] in self.quotes and not body.startswith(body[:1] * 3):
-            self.quotes[body[:1]] += 1
 
     def _bind(self, names: Set[str], outer: bool = False) -> None:
         stack = self.stack[:-1] if outer else self.stack
@@ -172,11 +167,6 @@ class Planner(cst.CSTVisitor):
     def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
         if node.asname is None:
             self._bind({(dotted(node.name) or "").split(".")[0]})
-
-    @property
-    def quote(self) -> str:
-        """The quote the script writes most of its strings with."""
-        return "'" if self.quotes["'"] > self.quotes['"'] else '"'
 
     def _line(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line

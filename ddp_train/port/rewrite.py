@@ -50,7 +50,7 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
     """Port the Horovod script `text` (read from `source`, to be written to `output`)."""
     started = time.perf_counter()
     try:
-        found = survey(ast.parse(text, filename=source))
+        found = survey(ast.parse(text, filename=source), text)
     except SyntaxError as syntax:  # Python's own account: the line and message the user knows
         raise PortError(_unreadable(source, syntax.lineno, syntax.offset or 1, syntax.msg)) from None
     report = PortReport(source=source, output=output)
@@ -64,7 +64,7 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
                                     exc.message.strip().splitlines()[0])) from None
     wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
     the_plan, planner = plan(wrapper, found.names)
-    ctx = Context(found.names, found.bound, planner.quote, options or Options())
+    ctx = Context(found.names, found.bound, found.quote, options or Options())
     ctx.loads_state = found.loads_state
     ctx.compressions = _compressions(ctx, the_plan.assignments)
     sites: Dict[int, tuple[accumulation.Site, Wrap]] = {}
@@ -72,10 +72,12 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
         passes = wrap.options.get("backward_passes_per_step")
         if wrap.model is None or passes is None or (isinstance(passes, cst.Integer) and passes.value == "1"):
             continue
-        wrapped, _ = accumulation.sites(the_plan.backwards, wrap.target)
+        wrapped, _ = accumulation.sites(the_plan.backwards, wrap.target, wrap.model)
         for site in wrapped:
             sites[id(site.placed.statement)] = (site, wrap)
-    porter = Porter(ctx, the_plan, planner, sites, module.config_for_parsing)
+    models = {w.model for w in the_plan.wraps if w.model} | {w.target for w in the_plan.wraps}
+    porter = Porter(ctx, the_plan, planner, sites, module.config_for_parsing,
+                    found.lines_of(found.names.aliases), found.lines_of(models))
     rewritten = wrapper.visit(porter)
     rewritten = finish(rewritten, ctx, porter.imports, porter.used)
     report.changes = sorted(ctx.changes, key=lambda c: c.line)

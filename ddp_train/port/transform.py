@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Set, Union, cast
+from typing import Dict, List, Optional, Sequence, Set, TypeVar, Union, cast
 
 import libcst as cst
 from libcst.metadata import PositionProvider
@@ -26,6 +26,7 @@ DDP_SURFACE = frozenset({
 STATEMENTS = frozenset({"DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "join",
                         "horovod.run", "start_timeline", "stop_timeline", "allreduce_", "broadcast_"})
 
+Node = TypeVar("Node", bound=cst.CSTNode)
 Statements = Union[cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement], cst.RemovalSentinel]
 
 
@@ -35,8 +36,12 @@ class Porter(cst.CSTTransformer):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
     def __init__(self, ctx: Context, plan: Plan, planner: Planner, sites: Dict[int, tuple[Site, Wrap]],
-                 config: cst.PartialParserConfig) -> None:
+                 config: cst.PartialParserConfig, horovod_lines: Set[int], model_lines: Set[int]) -> None:
         super().__init__()
+        #: the lines that name Horovod, and those that name a wrapped model or its optimizer: no other
+        #: statement has anything to port, and the rewrite does not walk through it
+        self.horovod_lines = horovod_lines
+        self.relevant = horovod_lines | model_lines
         self.ctx = ctx
         self.plan = plan
         self.planner = planner
@@ -48,6 +53,9 @@ class Porter(cst.CSTTransformer):
         self.removed: Dict[int, cst.CSTNode] = {}  # markers of removed statements (held: their ids stay theirs)
         self.imports: Dict[str, int] = {}  # a Horovod import statement's code -> its line
         self.used: Set[str] = set()  # Horovod names what is left unported still uses
+        #: the statements of the blocks that hold a no_sync site, and what the rewrite made of each
+        self.watched = {id(s) for site, _ in sites.values() for s in site.placed.block.body}
+        self.produced: Dict[int, Union[cst.CSTNode, cst.FlattenSentinel, cst.RemovalSentinel]] = {}
         self.wrap_targets = {w.target for w in plan.wraps if w.model}
         self.module: Optional[cst.Module] = None
 
@@ -80,8 +88,27 @@ class Porter(cst.CSTTransformer):
     def _indent(self) -> int:
         return 4 * (len(self.functions) + len(self.classes))  # a guess that only sizes comments
 
+    def _span(self, node: cst.CSTNode) -> range:
+        where = self.get_metadata(PositionProvider, node)
+        return range(where.start.line, where.end.line + 1)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        walk = super().on_visit(node)
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            return walk and any(line in self.relevant for line in self._span(node))
+        return walk
+
+    def on_leave(self, original_node: Node, updated_node: Node
+                 ) -> Union[Node, cst.RemovalSentinel, cst.FlattenSentinel[Node]]:
+        result = super().on_leave(original_node, updated_node)
+        if id(original_node) in self.watched:
+            self.produced[id(original_node)] = result
+        return result
+
     def _leave_unported(self, original: cst.CSTNode, updated: cst.CSTNode, parts: Sequence[cst.CSTNode]) -> cst.CSTNode:
         """Mark and record what of `parts` still names Horovod."""
+        if not any(line in self.horovod_lines for line in self._span(original)):
+            return updated
         left = references(self.ctx.names, parts)
         if not left:
             return updated
@@ -145,8 +172,6 @@ class Porter(cst.CSTTransformer):
         if small is not None and horovod_import(small):
             self.imports.setdefault(code(small), self.line(original_node))
             return updated_node
-        if id(original_node) in self.sites:
-            return self._no_sync(original_node, updated_node)
         return self._statement_left(original_node, updated_node, [updated_node])
 
     def _statement(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> Statements:
@@ -280,20 +305,41 @@ class Porter(cst.CSTTransformer):
         self.ctx.change(line, f"hvd.{api}", f"{code(call.func)}(...) -> {text}: {does}")
         return self.replaced(updated, [text])
 
-    def _no_sync(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> cst.BaseStatement:
-        site, wrap = self.sites[id(original)]
-        self.ctx.imports.add("contextlib")
-        header = self.parse(f"with contextlib.nullcontext() if {site.condition} else {wrap.model}.no_sync():\n"
-                            "    pass")
-        assert isinstance(header, cst.With) and isinstance(header.body, cst.IndentedBlock)
-        inner = updated.with_changes(leading_lines=[])
-        passes = code(wrap.options["backward_passes_per_step"])
-        self.ctx.change(self.line(original), "backward_passes_per_step",
-                        f"the backward pass runs under {wrap.model}.no_sync() unless {site.condition}: DDP averages "
-                        f"the gradients on the last pass before {wrap.target}.step() only, as Horovod did every "
-                        f"{passes} passes")
-        return header.with_changes(leading_lines=updated.leading_lines,
-                                   body=header.body.with_changes(body=[inner]))
+    def _made(self, statement: cst.BaseStatement) -> List[cst.BaseStatement]:
+        """What the rewrite made of an original statement of a watched block."""
+        made = self.produced.get(id(statement), statement)
+        if isinstance(made, cst.RemovalSentinel):
+            return []
+        if isinstance(made, cst.FlattenSentinel):
+            return list(made.nodes)
+        return [cast(cst.BaseStatement, made)]
+
+    def _with_no_sync(self, block: cst.IndentedBlock) -> List[cst.BaseStatement]:
+        """The block's statements, each site's passes under `with nullcontext() if COND else model.no_sync():`."""
+        starts = {site.first: (site, wrap) for site, wrap in self.sites.values() if site.placed.block is block}
+        body: List[cst.BaseStatement] = []
+        index = 0
+        while index < len(block.body):
+            if index not in starts:
+                body += self._made(block.body[index])
+                index += 1
+                continue
+            site, wrap = starts[index]
+            inner = [s for i in range(index, site.placed.index + 1) for s in self._made(block.body[i])]
+            inner = self._without_removed(inner)
+            self.ctx.imports.add("contextlib")
+            header = self.parse(f"with contextlib.nullcontext() if {site.condition} else {wrap.model}.no_sync():"
+                                "\n    pass")
+            assert isinstance(header, cst.With) and isinstance(header.body, cst.IndentedBlock)
+            passes = code(wrap.options["backward_passes_per_step"])
+            self.ctx.change(site.placed.line, "backward_passes_per_step",
+                            f"the forward and backward passes run under {wrap.model}.no_sync() unless "
+                            f"{site.condition}: DDP averages the gradients on the last pass before "
+                            f"{wrap.target}.step() only, as Horovod did every {passes} passes")
+            body.append(header.with_changes(leading_lines=above(inner[0]), body=header.body.with_changes(
+                body=[with_above(inner[0], []), *inner[1:]])))
+            index = site.placed.index + 1
+        return body
 
     # -- compound statements ---------------------------------------------------------------------------------------
 
@@ -414,7 +460,9 @@ class Porter(cst.CSTTransformer):
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
                             updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        body = self._without_removed(updated_node.body)
+        statements = self._with_no_sync(original_node) if any(
+            site.placed.block is original_node for site, _ in self.sites.values()) else updated_node.body
+        body = self._without_removed(statements)
         return updated_node.with_changes(body=body or [cst.SimpleStatementLine(body=[cst.Pass()])])
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:

@@ -204,14 +204,20 @@ def test_backward_passes_per_step_puts_the_other_passes_under_no_sync_when_the_s
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              backward_passes_per_step=2)
         for i, (x, y) in enumerate(loader):
+            x = x.to(device)
+            # forward
             loss = loss_fn(model(x), y) / 2
             loss.backward()  # accumulate
             if (i + 1) % 2 == 0:
                 optimizer.step()
                 optimizer.zero_grad()
     """)
+    # DDP decides in the forward pass whether the backward pass reduces: no_sync holds both
     assert textwrap.indent(textwrap.dedent("""\
+        x = x.to(device)
+        # forward
         with contextlib.nullcontext() if (i + 1) % 2 == 0 else model.no_sync():
+            loss = loss_fn(model(x), y) / 2
             loss.backward()  # accumulate
         if (i + 1) % 2 == 0:
     """), "    ") in code and "import contextlib\n" in code
@@ -230,6 +236,7 @@ def test_backward_passes_per_step_in_an_inner_range_loop_syncs_on_its_last_pass(
             optimizer.step()
     """)
     assert "        with contextlib.nullcontext() if i + args.batch_size >= len(data) else model.no_sync():\n" \
+           "            loss = loss_fn(model(data[i:i + args.batch_size]), target[i:i + args.batch_size])\n" \
            "            loss.backward()\n    optimizer.step()\n" in code
 
 
