@@ -24,8 +24,10 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # --- 1. system packages --------------------------------------------------------------------
 # openssh-server, openssh-client and iproute2: the simulated two-host cluster of the multinode tests
-# (network namespaces, each running its own sshd) and the launch doctor's ssh checks.
-SYSTEM_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make openssh-server openssh-client iproute2)
+# (network namespaces, each running its own sshd) and the launch doctor's ssh checks. munge, slurmctld,
+# slurmd and slurm-client: Slurm on that cluster (tests/slurm_cluster.py).
+SYSTEM_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make openssh-server openssh-client iproute2
+                 munge slurmctld slurmd slurm-client)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -113,7 +115,17 @@ for want_line in "\[X\] PyTorch" "\[X\] MPI" "\[X\] Gloo"; do
 done
 log "horovodrun --check-build: PyTorch, MPI and Gloo available"
 
-# --- 5. bytecode of the project's own modules ---------------------------------------------------
+# --- 5. Slurm: the MPI plugin Horovod's sbatch template uses -------------------------------------
+# tests/slurm_cluster.py makes its own slurm.conf and munge key and starts the daemons; what must come with the
+# packages is PMIx in both Slurm's build and Open MPI's (slurm/hvd_srun.sbatch runs srun --mpi=pmix).
+slurm="$(slurmd -V 2>&1)" || die "slurmd does not run: $slurm"
+slurm_plugins="$(dpkg -L slurm-wlm-basic-plugins | grep '/mpi_none\.so$' | head -n1 | xargs dirname)"
+[ -e "$slurm_plugins/mpi_pmix.so" ] || die "$slurm has no PMIx plugin ($slurm_plugins/mpi_pmix.so)"
+ompi_info --parsable 2>/dev/null | grep -q '^mca:pmix:ext' \
+    || die "Open MPI ($(command -v mpirun)) has no PMIx client (ompi_info lists no pmix ext component)"
+log "$slurm: srun --mpi=pmix, which Open MPI speaks too"
+
+# --- 6. bytecode of the project's own modules ---------------------------------------------------
 # Every rank, launcher and comparison imports them. Where PYTHONDONTWRITEBYTECODE is set, no process writes
 # their .pyc, so each would compile them again; written here once (up-to-date files are skipped).
 "$PY" -m compileall -q -j 0 "$ROOT/common" "$ROOT/ddp_train" "$ROOT/hvd_train" "$ROOT/benchmarks" >/dev/null \

@@ -8,6 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest  # noqa: E402
 
 from cluster import cluster  # noqa: E402,F401  (the simulated two-host cluster, one per session)
+from slurm_cluster import slurm  # noqa: E402,F401  (Slurm on that cluster, one per session)
 from launched import COMPARE, Runs  # noqa: E402
 from settings import ACROSS_HOSTS, DEMO  # noqa: E402
 from common.rundir.names import SUMMARY_FILE  # noqa: E402
@@ -54,22 +55,26 @@ def across_hosts(cluster, tmp_path_factory):
 
 # Modules that use the simulated cluster: it is one per machine, so they run on one worker, one after another,
 # and first: together they take the longest.
-CLUSTER_MODULES = {"test_compare_hosts.py", "test_doctor.py", "test_launch_errors.py", "test_multinode.py"}
+CLUSTER_MODULES = {"test_compare_hosts.py", "test_doctor.py", "test_launch_errors.py", "test_multinode.py",
+                   "test_compare_sites.py", "test_slurm_and_schedule.py", "test_slurm_templates.py"}
+# Of those, the ones that use Slurm on the cluster go last: its daemons start with the first of them, and the
+# others take node1's link down and up, which Slurm answers by setting the node DOWN for a while.
+SLURM_MODULES = {"test_compare_sites.py", "test_slurm_and_schedule.py", "test_slurm_templates.py"}
 # The other modules that take minutes on 2 cores, longest first, so that the two workers end together; the
 # rest follow in their own order.
 LONGEST_FIRST = ["test_benchmarks.py", "test_compare.py", "test_scripts.py", "test_faults.py", "test_exact.py",
-                 "test_knobs.py", "test_plugins.py", "test_verdicts.py", "test_compare_sites.py", "test_checkpoint.py",
+                 "test_knobs.py", "test_plugins.py", "test_verdicts.py", "test_checkpoint.py",
                  "test_elastic.py", "test_parity.py"]
 
 
 def pytest_collection_modifyitems(items):
-    """Run the cluster's modules first, then the others longest first (a stable sort: within a module, tests
-    keep their order). A test that uses the cluster outside CLUSTER_MODULES would bring up a second one on
-    the other worker, so it stops the session."""
+    """Run the cluster's modules first (Slurm's last of them), then the others longest first (a stable sort:
+    within a module, tests keep their order). A test that uses the cluster outside CLUSTER_MODULES would bring up
+    a second one on the other worker, so it stops the session."""
     def rank(item):
         name = item.path.name
         if name in CLUSTER_MODULES:
-            return 0
+            return 0.5 if name in SLURM_MODULES else 0
         if "cluster" in getattr(item, "fixturenames", ()):
             raise pytest.UsageError(f"{item.nodeid} uses the cluster: add {name} to CLUSTER_MODULES in "
                                     "tests/conftest.py")
