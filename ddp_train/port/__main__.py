@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, TextIO
 
-from common.errors import print_error
-
 from . import __doc__ as MANUAL
 from .context import Options
 from .report import BAD_INPUT, render
@@ -19,9 +17,16 @@ from .rewrite import PortError, port
 PROG = "python -m ddp_train.port"
 
 
+def print_error(prog: str, message: str) -> None:
+    """The project's one error line, `PROG: error: message` (common.errors prints it for ranks; the port is no
+    rank, and importing that module would cost the command a sixth of a second)."""
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    sys.stderr.flush()
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        print_error(PROG, f"{message}; see {PROG} --help", ranked=False)
+        print_error(PROG, f"{message}; see {PROG} --help")
         sys.exit(BAD_INPUT)
 
 
@@ -53,14 +58,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         text = script.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
-        print_error(PROG, f"{script}: cannot be read ({why}); give the path of a Horovod training script",
-                    ranked=False)
+        print_error(PROG, f"{script}: cannot be read ({why}); give the path of a Horovod training script")
         return BAD_INPUT
     output = None if args.diff else (args.output or str(default_output(script)))
     try:
         ported = port(text, str(script), output, Options(zero_step=args.zero_step))
     except PortError as exc:
-        print_error(PROG, str(exc), ranked=False)
+        print_error(PROG, str(exc))
         return BAD_INPUT
     to_stdout = args.diff or output == "-"
     notes: TextIO = sys.stderr if to_stdout else sys.stdout
@@ -72,15 +76,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             Path(output).write_text(ported.code)  # type: ignore[arg-type]
         except OSError as exc:
-            print_error(PROG, f"-o {output}: cannot be written ({exc.strerror or exc}); choose another path",
-                        ranked=False)
+            print_error(PROG, f"-o {output}: cannot be written ({exc.strerror or exc}); choose another path")
             return BAD_INPUT
     if args.report_json:
         try:
             args.report_json.write_text(ported.report.to_json())
         except OSError as exc:
             print_error(PROG, f"--report-json {args.report_json}: cannot be written ({exc.strerror or exc}); "
-                        "choose another path", ranked=False)
+                        "choose another path")
             return BAD_INPUT
     print(render(ported.report), file=notes)
     return ported.report.exit_code

@@ -74,9 +74,10 @@ def {name}(state, bucket):
     return work.get_future().then(lambda future: future.value()[0])
 ''', ("dist",)),
     "step_on_zero_gradients": Helper('''
-def {name}(optimizer):
+def {name}(optimizer, keep_state=True):
     """What hvd.broadcast_optimizer_state did to a fresh optimizer: one step() with every gradient zero. It
-    moves the weights under weight decay and starts Adam's step count; kept so that the port trains the same."""
+    moves the weights under weight decay and starts Adam's step count; kept so that the port trains the same.
+    keep_state=False: hvd.DistributedOptimizer wrapped the optimizer afterwards, a new one without that state."""
     if optimizer.state_dict()[{q}state{q}]:
         return
     for group in optimizer.param_groups:
@@ -84,6 +85,8 @@ def {name}(optimizer):
             if param.requires_grad:
                 param.grad = {torch}.zeros_like(param)
     optimizer.step()
+    if not keep_state:
+        optimizer.state.clear()
 ''', ("torch",)),
 }
 

@@ -16,9 +16,13 @@ ZERO_STEP = {
     "Adam": "Horovod's zero step leaves Adam's step count at 1, so its first real step is bias-corrected as a "
             "second one (0.744x the step of a fresh Adam with the default betas): the updates differ from the "
             "first step",
-    "AdamW": "Horovod's zero step shrinks every weight by lr x weight decay before training and leaves AdamW's "
-             "step count at 1: the weights differ from the first step",
+    "AdamW": "Horovod's zero step leaves AdamW's step count at 1, so its first real step is bias-corrected as a "
+             "second one: the updates differ from the first step",
 }
+TORCH_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop",
+                              "ASGD", "Rprop", "SparseAdam", "LBFGS"})
+#: weight decay of the optimizers whose default is not zero
+DEFAULT_DECAY = {"AdamW": "0.01 (AdamW's default)"}
 CAUSE_ZERO_STEP = "optimizer steps before training"
 
 
@@ -36,31 +40,50 @@ def _keywords(call: cst.Call) -> Dict[str, cst.BaseExpression]:
     return {a.keyword.value: a.value for a in call.args if a.keyword is not None}
 
 
-def zero_step_effect(built: Optional[cst.Call]) -> Tuple[bool, str]:
+def _decay(kind: str, options: Dict[str, cst.BaseExpression]) -> Optional[str]:
+    """The optimizer's weight decay as written (its default when not given), None when it is zero."""
+    given = options.get("weight_decay")
+    if given is None:
+        return DEFAULT_DECAY.get(kind)
+    return None if _literal_zero(given) else code(given)
+
+
+def zero_step_effect(built: Optional[cst.Call], state_survives: bool) -> Tuple[bool, str]:
     """(changes training, how or why not) when Horovod's zero step on a fresh optimizer built by `built` is not
-    reproduced."""
+    reproduced. `state_survives` is False when hvd.DistributedOptimizer wraps the optimizer after the call: the
+    wrapper is a new optimizer built from the param groups, so only what the step did to the weights stays."""
     if built is None:
         return True, ("the optimizer's constructor is not in the script: Horovod's zero step on a fresh optimizer "
                       "moves the weights under weight decay and starts Adam-like step counts")
     kind = (dotted(built.func) or "optimizer").split(".")[-1]
     options = _keywords(built)
-    if kind == "SGD" and sum(1 for a in built.args if a.keyword is None) > 3:
-        return True, "SGD's options are positional here: whether its weight decay is zero cannot be read"
+    if kind not in TORCH_OPTIMIZERS:
+        return True, (f"{kind}(...) is not one of torch's optimizers: Horovod's zero step can have moved the "
+                      "weights (weight decay) or started its state; the port does neither")
+    if sum(1 for a in built.args if a.keyword is None) > 2:
+        return True, f"{kind}'s options are positional here: whether its weight decay is zero cannot be read"
+    decay = _decay(kind, options)
+    how = "by lr x weight decay" if kind in ("SGD", "AdamW") else "with the decay as its gradient"
+    moved = (f"the zero optimizer step under weight decay {decay} is not reproduced: Horovod's moves every weight "
+             f"before training ({how}), so the weights differ from the first step")
+    if not state_survives:
+        if decay is None:
+            return False, (f"{kind} without weight decay: Horovod's zero step moves no weight, and "
+                           "hvd.DistributedOptimizer, built after it from the param groups, starts without the state "
+                           "it made")
+        return True, moved
+    if decay is not None:
+        return True, moved + (f", and {kind}'s step count starts at 1" if kind in ZERO_STEP else "")
     if kind == "SGD":
-        decay, dampening = options.get("weight_decay"), options.get("dampening")
-        if _literal_zero(decay) and _literal_zero(dampening):
+        if _literal_zero(options.get("dampening")):
             return False, ("SGD without weight decay: Horovod's zero step moves no weight and leaves zero momentum "
                            "buffers, which the first step replaces with the same bits")
-        if not _literal_zero(decay):
-            return True, (f"the zero optimizer step under weight decay {code(decay)} is not reproduced: Horovod's "  # type: ignore[arg-type]
-                          "shrinks every weight by lr x weight decay before training, so the weights differ from "
-                          "the first step")
-        return True, (f"under dampening {code(dampening)} Horovod's zero step starts the momentum buffers at zero: "  # type: ignore[arg-type]
-                      "the first real step's momentum differs")
+        return True, (f"under dampening {code(options['dampening'])} Horovod's zero step starts the momentum "
+                      "buffers at zero: the first real step's momentum differs")
     if kind in ZERO_STEP:
         return True, ZERO_STEP[kind]
-    return True, (f"Horovod's zero step starts {kind}'s state before training (step counts, and under weight decay "
-                  "the weights): the updates differ from the first step")
+    return True, (f"Horovod's zero step starts {kind}'s state before training (its step counts): the updates "
+                  "differ from the first step")
 
 
 def _compression(ctx: Context, value: cst.BaseExpression, model: str, line: int) -> Optional[List[str]]:

@@ -250,16 +250,20 @@ class Porter(cst.CSTTransformer):
             return None
         name = code(options["optimizer"])
         built = self.planner.constructor(options["optimizer"], self._scope(), line)  # type: ignore[arg-type]
+        # hvd.DistributedOptimizer(optimizer) after this call is a new optimizer, without the step's state
+        survives = not any(dotted(w.options["optimizer"]) == name and w.placed.scope is self._scope()
+                           and w.placed.line > line for w in self.plan.wraps)
         texts: List[str] = []
         if self.ctx.options.zero_step == "keep":
             helper = self.ctx.helper("step_on_zero_gradients")
-            texts.append(f"{helper}({name})")
+            texts.append(f"{helper}({name})" if survives else f"{helper}({name}, keep_state=False)")
             self.ctx.zero_step = "kept"
-            self.ctx.change(line, "hvd.broadcast_optimizer_state", f"Horovod's zero step made explicit: {helper}"
-                            f"({name}) steps a fresh optimizer once on zero gradients, as Horovod did")
+            self.ctx.change(line, "hvd.broadcast_optimizer_state", f"Horovod's zero step made explicit: {texts[-1]} "
+                            "steps a fresh optimizer once on zero gradients, as Horovod did" +
+                            ("" if survives else ", and drops the state it made, as hvd.DistributedOptimizer did"))
         else:
             self.ctx.zero_step = "dropped"
-            changes, effect = optimizer.zero_step_effect(built)
+            changes, effect = optimizer.zero_step_effect(built, survives)
             text = "removed with Horovod's zero step (a fresh optimizer has no state to broadcast; port with " \
                 "--zero-step keep to make the step explicit)" + ("" if changes else f": {effect}")
             self.ctx.change(line, "hvd.broadcast_optimizer_state", text, changes, effect if changes else None,

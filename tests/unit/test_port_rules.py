@@ -254,20 +254,22 @@ def test_backward_passes_per_step_without_a_loop_it_can_read_is_reported_as_roun
     assert not change.changes_training and "not bitwise" in change.effect and "no_sync" in change.text
 
 
-@pytest.mark.parametrize("constructor, changes, words", [
-    ("optim.SGD(model.parameters(), lr=0.1, momentum=0.9)", False, []),
-    ("optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)", True,
+@pytest.mark.parametrize("constructor, wrapped_first, changes, words", [
+    ("optim.SGD(model.parameters(), lr=0.1, momentum=0.9)", True, False, []),
+    ("optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)", False, True,
      ["the zero optimizer step under weight decay 5e-4 is not reproduced", "weights differ from the first step"]),
-    ("optim.Adam(model.parameters(), lr=1e-3)", True, ["Adam's step count", "0.744"]),
-    ("optim.AdamW(model.parameters(), lr=1e-3)", True, ["lr x weight decay"]),
-    ("make_optimizer(model)", True, ["make_optimizer's state"]),
+    ("optim.Adam(model.parameters(), lr=1e-3)", True, True, ["Adam's step count", "0.744"]),
+    # hvd.DistributedOptimizer after the call is a new optimizer, without the state the zero step made
+    ("optim.Adam(model.parameters(), lr=1e-3)", False, False, []),
+    ("optim.AdamW(model.parameters(), lr=1e-3)", False, True, ["weight decay 0.01 (AdamW's default)"]),
+    ("make_optimizer(model)", False, True, ["not one of torch's optimizers"]),
 ])
-def test_the_zero_step_of_broadcast_optimizer_state_is_dropped_and_its_effect_named(constructor, changes, words):
-    code, report = ported(f"""
-        optimizer = {constructor}
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    """)
+def test_the_zero_step_of_broadcast_optimizer_state_is_dropped_and_its_effect_named(constructor, wrapped_first,
+                                                                                    changes, words):
+    wrap = "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())"
+    broadcast = "hvd.broadcast_optimizer_state(optimizer, root_rank=0)"
+    code, report = ported(f"optimizer = {constructor}\n" + (f"{wrap}\n{broadcast}\n" if wrapped_first
+                                                             else f"{broadcast}\n{wrap}\n"))
     assert "broadcast_optimizer_state" not in code and report.zero_step == "dropped"
     change = next(c for c in report.changes if c.rule == "hvd.broadcast_optimizer_state")
     assert change.changes_training is changes
@@ -281,8 +283,15 @@ def test_the_zero_step_kept_is_made_explicit():
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     """, zero_step="keep")
     assert "optimizer = optim.Adam(model.parameters(), lr=1e-3)\nstep_on_zero_gradients(optimizer)\n" in code
-    assert "def step_on_zero_gradients(optimizer):" in code and "param.grad = torch.zeros_like(param)" in code
+    assert "def step_on_zero_gradients(optimizer, keep_state=True):" in code
+    assert "param.grad = torch.zeros_like(param)" in code
     assert report.zero_step == "kept" and not report.changes_training
+    code, _ = ported("""
+        optimizer = optim.Adam(model.parameters(), lr=1e-3)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    """, zero_step="keep")
+    assert "step_on_zero_gradients(optimizer, keep_state=False)\n" in code
 
 
 def test_metric_allreduce_averages_as_sum_then_divide_and_keeps_op_sum():
