@@ -9,6 +9,7 @@ import libcst as cst
 
 from .accumulation import pure
 from .context import Context, arguments, code
+from .names import HorovodNames
 
 #: torch.distributed's reduction for each Horovod op a collective can take besides Average
 REDUCE_OPS = {"Sum": "SUM", "Min": "MIN", "Max": "MAX", "Product": "PRODUCT"}
@@ -45,10 +46,10 @@ def init(ctx: Context) -> tuple[str, str]:
             "(Horovod's collectives take CPU tensors on GPU machines too)")
 
 
-def _op(ctx: Context, options: Dict[str, cst.BaseExpression]) -> Optional[str]:
+def _op(names: HorovodNames, options: Dict[str, cst.BaseExpression]) -> Optional[str]:
     """"Average", "Sum", "Min", ... for a collective's op= and deprecated average=; None when it is no constant."""
     if "op" in options:
-        api = ctx.names.api(options["op"])
+        api = names.api(options["op"])
         return api if api in ("Average", *REDUCE_OPS) else None
     average = options.get("average")
     if average is None or (isinstance(average, cst.Name) and average.value in ("True", "None")):
@@ -58,11 +59,11 @@ def _op(ctx: Context, options: Dict[str, cst.BaseExpression]) -> Optional[str]:
     return None
 
 
-def _plain(ctx: Context, options: Dict[str, cst.BaseExpression]) -> bool:
+def _plain(names: HorovodNames, options: Dict[str, cst.BaseExpression]) -> bool:
     """No option the port cannot carry: a process set, compression, scale factors."""
     if "process_set" in options:
         return False
-    if "compression" in options and ctx.names.api(options["compression"]) != "Compression.none":
+    if "compression" in options and names.api(options["compression"]) != "Compression.none":
         return False
     return all(k not in options or code(options[k]) in ("1", "1.0") for k in ("prescale_factor", "postscale_factor"))
 
@@ -85,10 +86,10 @@ def collective(ctx: Context, api: str, call: cst.Call) -> Optional[tuple[str, st
     options = arguments(call, api) if api in ("allreduce", "allreduce_", "grouped_allreduce", "allgather",
                                                "allgather_object", "broadcast", "broadcast_",
                                                "broadcast_object") else None
-    if options is None or not _plain(ctx, options):
+    if options is None or not _plain(ctx.names, options):
         return None
     if api in ("allreduce", "allreduce_", "grouped_allreduce"):
-        op = _op(ctx, options)
+        op = _op(ctx.names, options)
         first = options.get("tensors" if api == "grouped_allreduce" else "tensor")
         if op is None or first is None:
             return None
@@ -124,18 +125,28 @@ def collective(ctx: Context, api: str, call: cst.Call) -> Optional[tuple[str, st
     return None
 
 
+def in_place_portable(names: HorovodNames, api: str, call: cst.Call) -> bool:
+    """hvd.allreduce_ (a sum, min, max or product) or hvd.broadcast_ that in_place_statement ports."""
+    options = arguments(call, api)
+    if options is None or not _plain(names, options) or "tensor" not in options:
+        return False
+    if api == "broadcast_":
+        return "root_rank" in options
+    return _op(names, options) in REDUCE_OPS
+
+
 def in_place_statement(ctx: Context, api: str, call: cst.Call) -> Optional[tuple[str, str]]:
     """hvd.allreduce_ (a sum, min, max or product) and hvd.broadcast_ as statements: torch.distributed's own
     in-place calls."""
     options = arguments(call, api)
-    if options is None or not _plain(ctx, options) or "tensor" not in options:
+    if options is None or not in_place_portable(ctx.names, api, call):
         return None
     tensor = code(options["tensor"])
     if api == "broadcast_" and "root_rank" in options:
         root = code(options["root_rank"])
         return f"{ctx.dist}.broadcast({tensor}, src={root})", f"rank {root}'s tensor, in place" + _named(options)
     if api == "allreduce_":
-        op = _op(ctx, options)
+        op = _op(ctx.names, options)
         if op in REDUCE_OPS:
             reduce_op = "" if op == "Sum" else f", op={ctx.dist}.ReduceOp.{REDUCE_OPS[op]}"
             return f"{ctx.dist}.all_reduce({tensor}{reduce_op})", f"op={op}, in place" + _named(options)

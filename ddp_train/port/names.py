@@ -52,32 +52,6 @@ class HorovodNames:
             return full[len("horovod.torch."):]
         return full
 
-    def used_in(self, node: cst.CSTNode) -> Set[str]:
-        """The Horovod names `node` still refers to."""
-        finder = _NameFinder(set(self.aliases))
-        node.visit(finder)
-        return finder.found
-
-
-class _NameFinder(cst.CSTVisitor):
-    def __init__(self, names: Set[str]) -> None:
-        self.names = names
-        self.found: Set[str] = set()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        if node.value in self.names:
-            self.found.add(node.value)
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)  # an attribute's own name (x.hvd) is no reference to hvd
-        return False
-
-    def visit_Import(self, node: cst.Import) -> bool:
-        return False
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        return False
-
 
 def horovod_import(small: cst.CSTNode) -> bool:
     """An import statement that imports something of Horovod."""

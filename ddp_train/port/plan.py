@@ -236,21 +236,16 @@ class Planner(cst.CSTVisitor):
 
     def _wrap_place(self, placed: Placed, model: Optional[str]) -> Placed:
         later = [b for b in self.plan.broadcasts if b.block is placed.block and b.index > placed.index
-                 and model is not None and _broadcast_model(b) == model]
+                 and model is not None and broadcast_model(b) == model]
         return later[0] if later else placed
 
 
-def _broadcast_model(placed: Placed) -> Optional[str]:
+def broadcast_model(placed: Placed) -> Optional[str]:
     """"model" for hvd.broadcast_parameters(model.state_dict() | model.parameters() | ..., root_rank=0)."""
     call = called(placed.statement)
     if call is None or not call.args:
         return None
     return _model_of_parameters(call.args[0].value, ("state_dict", "parameters", "named_parameters"))
-
-
-def broadcast_model(placed: Placed) -> Optional[str]:
-    """The model an hvd.broadcast_parameters statement broadcasts, when it names one."""
-    return _broadcast_model(placed)
 
 
 def plan(wrapper: cst.MetadataWrapper, names: HorovodNames) -> tuple[Plan, Planner]:

@@ -10,7 +10,7 @@ from typing import Dict, Optional
 import libcst as cst
 
 from . import accumulation
-from .context import Context, Options, code
+from .context import Context, Options
 from .names import survey
 from .plan import Wrap, plan
 from .report import PortReport
@@ -87,4 +87,3 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
     return Ported(rewritten.code, report)
 
 
-__all__ = ["PortError", "Ported", "port", "code"]

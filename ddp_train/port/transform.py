@@ -7,11 +7,11 @@ from typing import Dict, List, Optional, Sequence, Set, TypeVar, Union, cast
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from . import expressions, optimizer
+from . import expressions, statements
 from .accumulation import Site
-from .context import Context, above, arguments, code, with_above
+from .context import Context, above, code, with_above
 from .names import dotted, horovod_import
-from .plan import Plan, Planner, Wrap, broadcast_model, called, single
+from .plan import Plan, Planner, Wrap, called, single
 from .unported import comment_line, reason, references, with_comment
 
 #: what a DDP object answers itself; any other attribute of the wrapped model is the model's (`.module`)
@@ -85,8 +85,8 @@ class Porter(cst.CSTTransformer):
             first = cast(cst.BaseStatement, with_comment(first, text))
         return cst.FlattenSentinel([first, *new[1:]])
 
-    def _indent(self) -> int:
-        return 4 * (len(self.functions) + len(self.classes))  # a guess that only sizes comments
+    def _column(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.column
 
     def _span(self, node: cst.CSTNode) -> range:
         where = self.get_metadata(PositionProvider, node)
@@ -116,7 +116,7 @@ class Porter(cst.CSTTransformer):
         api = self.ctx.names.api(left[0]) or code(left[0])
         why = reason(api)
         self.ctx.leave(self.line(original), original, why)
-        return with_comment(updated, comment_line(code(left[0]), why, self._indent()))
+        return with_comment(updated, comment_line(code(left[0]), why, self._column(original)))
 
     # -- scopes --------------------------------------------------------------------------------------------------
 
@@ -148,8 +148,7 @@ class Porter(cst.CSTTransformer):
         if api in STATEMENTS and (isinstance(small, cst.Expr) or api == "DistributedOptimizer"):
             if api in ("allreduce_", "broadcast_"):
                 assert call is not None
-                if expressions.in_place_statement(Context(self.ctx.names, set(), "'", self.ctx.options), api,
-                                                  call) is None:
+                if not expressions.in_place_portable(self.ctx.names, api, call):
                     return True  # ported as an expression
             self.owned.add(id(node))
             return False
@@ -183,131 +182,19 @@ class Porter(cst.CSTTransformer):
         call = called(original)
         assert call is not None
         api = self.ctx.names.api(call.func)
-        handler = {"DistributedOptimizer": self._distributed_optimizer,
-                   "broadcast_parameters": self._broadcast_parameters,
-                   "broadcast_optimizer_state": self._broadcast_optimizer_state,
-                   "join": self._join, "horovod.run": self._run,
-                   "start_timeline": self._timeline, "stop_timeline": self._timeline,
-                   "allreduce_": self._in_place, "broadcast_": self._in_place}[str(api)]
-        result = handler(original, updated, call, line)
+        result = statements.RULES[str(api)](self, original, updated, call, line)
         if result is None:
             return self._statement_left(original, updated, [updated])
         return result
 
-    def _wrap(self, wrap: Wrap, line: int) -> tuple[List[str], List[str]]:
-        assert wrap.model is not None
-        sites = sum(1 for site, w in self.sites.values() if w is wrap)
-        return optimizer.wrap_statements(self.ctx, wrap.options, wrap.model, line, sites)
-
-    def _distributed_optimizer(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine,
-                               call: cst.Call, line: int) -> Optional[Statements]:
-        wrap = self.plan.wrap_of(original)
-        if wrap is None or wrap.model is None:
-            return None
-        texts: List[str] = []
-        inner = code(wrap.options["optimizer"])
-        if inner != wrap.target:
-            texts.append(f"{wrap.target} = {inner}")
-        comments: List[str] = []
-        if wrap.at.statement is original:
-            statements, comments = self._wrap(wrap, line)
-            texts += statements
-        else:
-            self.ctx.change(line, "hvd.DistributedOptimizer", f"the DDP wrap of {wrap.model} moves to line "
-                            f"{wrap.at.line}, where hvd.broadcast_parameters made the weights final")
-        return self.replaced(updated, texts, comments)
-
-    def _broadcast_parameters(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine,
-                              call: cst.Call, line: int) -> Optional[Statements]:
-        wrap = self.plan.wrap_at(original)
-        if wrap is not None:
-            self.ctx.change(line, "hvd.broadcast_parameters", f"the DDP wrap of {wrap.model}: DDP broadcasts rank "
-                            "0's parameters and buffers when it wraps the model")
-            statements, comments = self._wrap(wrap, line)
-            return self.replaced(updated, statements, comments)
-        model = broadcast_model(next(b for b in self.plan.broadcasts if b.statement is original))
-        options = arguments(call, "broadcast_parameters") or {}
-        before = [w for w in self.plan.wraps if w.model == model and w.at.scope is self._scope()
-                  and w.at.line > line]
-        if not before or code(options.get("root_rank", cst.Integer("0"))) != "0":
-            return None
-        self.ctx.change(line, "hvd.broadcast_parameters", f"removed: DDP broadcasts rank 0's parameters and "
-                        f"buffers when it wraps {model} (line {before[0].at.line})")
-        return self.marker(updated)
-
-    def _scope(self) -> cst.CSTNode:
+    def scope(self) -> cst.CSTNode:
+        """The function the rewrite is in, else the module."""
         return self.functions[-1] if self.functions else self.planner_module
 
     @property
     def planner_module(self) -> cst.CSTNode:
         assert self.module is not None
         return self.module
-
-    def _broadcast_optimizer_state(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine,
-                                   call: cst.Call, line: int) -> Optional[Statements]:
-        options = arguments(call, "broadcast_optimizer_state")
-        if not options or "optimizer" not in options:
-            return None
-        name = code(options["optimizer"])
-        built = self.planner.constructor(options["optimizer"], self._scope(), line)  # type: ignore[arg-type]
-        # hvd.DistributedOptimizer(optimizer) after this call is a new optimizer, without the step's state
-        survives = not any(dotted(w.options["optimizer"]) == name and w.placed.scope is self._scope()
-                           and w.placed.line > line for w in self.plan.wraps)
-        texts: List[str] = []
-        if self.ctx.options.zero_step == "keep":
-            helper = self.ctx.helper("step_on_zero_gradients")
-            texts.append(f"{helper}({name})" if survives else f"{helper}({name}, keep_state=False)")
-            self.ctx.zero_step = "kept"
-            self.ctx.change(line, "hvd.broadcast_optimizer_state", f"Horovod's zero step made explicit: {texts[-1]} "
-                            "steps a fresh optimizer once on zero gradients, as Horovod did" +
-                            ("" if survives else ", and drops the state it made, as hvd.DistributedOptimizer did"))
-        else:
-            self.ctx.zero_step = "dropped"
-            changes, effect = optimizer.zero_step_effect(built, survives)
-            text = "removed with Horovod's zero step (a fresh optimizer has no state to broadcast; port with " \
-                "--zero-step keep to make the step explicit)" + ("" if changes else f": {effect}")
-            self.ctx.change(line, "hvd.broadcast_optimizer_state", text, changes, effect if changes else None,
-                            optimizer.CAUSE_ZERO_STEP if changes else None)
-        if self._loads_state(name):
-            box = self.ctx.helper("broadcasted_object")
-            texts.append(f"{name}.load_state_dict({box}({name}.state_dict()))")
-            self.ctx.change(line, "hvd.broadcast_optimizer_state", f"rank 0's optimizer state (the script loads one "
-                            f"from a checkpoint) loaded on every rank: {box}({name}.state_dict())")
-        return self.replaced(updated, texts)
-
-    def _loads_state(self, name: str) -> bool:
-        """The script calls `name.load_state_dict(...)` somewhere (rank 0 resuming)."""
-        return name in self.ctx.loads_state
-
-    def _join(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, call: cst.Call,
-              line: int) -> Optional[Statements]:
-        self.ctx.change(line, "hvd.join", f"hvd.join() -> {self.ctx.dist}.barrier(): the same where every rank "
-                        "takes the same number of steps (DistributedSampler pads the shards); for uneven inputs "
-                        "run the loop under `with model.join():`")
-        return self.replaced(updated, [f"{self.ctx.dist}.barrier()"])
-
-    def _run(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, call: cst.Call,
-             line: int) -> Optional[Statements]:
-        message = self.ctx.string("horovod.run has no DDP counterpart: start this script with torchrun "
-                                  "--nproc-per-node N")
-        self.ctx.change(line, "horovod.run", "horovodrun-only: horovod.run starts the workers itself; under torchrun "
-                        "the launcher does, so this path now stops with that message")
-        return self.replaced(updated, [f"raise SystemExit({message})"])
-
-    def _timeline(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, call: cst.Call,
-                  line: int) -> Optional[Statements]:
-        self.ctx.change(line, "hvd.start_timeline", "removed: DDP has no timeline; torch.profiler records a trace")
-        return self.marker(updated)
-
-    def _in_place(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, call: cst.Call,
-                  line: int) -> Optional[Statements]:
-        api = str(self.ctx.names.api(call.func))
-        found = expressions.in_place_statement(self.ctx, api, call)
-        if found is None:
-            return None
-        text, does = found
-        self.ctx.change(line, f"hvd.{api}", f"{code(call.func)}(...) -> {text}: {does}")
-        return self.replaced(updated, [text])
 
     def _made(self, statement: cst.BaseStatement) -> List[cst.BaseStatement]:
         """What the rewrite made of an original statement of a watched block."""
@@ -433,7 +320,7 @@ class Porter(cst.CSTTransformer):
         for wrap in self.plan.wraps:
             if wrap.model is None or wrap.model != base:
                 continue
-            scope = self._scope()
+            scope = self.scope()
             if scope is wrap.at.scope:
                 if self.line(attribute) > wrap.at.line:
                     return wrap

@@ -6,7 +6,6 @@ from typing import List, Sequence
 
 import libcst as cst
 
-from .context import code
 from .names import HorovodNames
 
 #: why a Horovod API has no rewrite, by its first name
@@ -86,8 +85,3 @@ def with_comment(statement: cst.CSTNode, text: str) -> cst.CSTNode:
     if lines and lines[-1].comment is not None and lines[-1].comment.value == text:
         return statement
     return statement.with_changes(leading_lines=[*lines, cst.EmptyLine(indent=True, comment=cst.Comment(text))])
-
-
-def spelled(node: cst.BaseExpression) -> str:
-    """How the script wrote a reference."""
-    return code(node)
