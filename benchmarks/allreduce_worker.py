@@ -20,7 +20,7 @@ from typing import Callable, List
 import torch
 
 from common.launch.placement import default_threads, detect
-from hvd_train.backend import MPI_YIELD_VARIABLE, yield_mpi_when_idle
+from common.launch.openmpi import MPI_YIELD_VARIABLE, yield_mpi_when_idle
 
 MPI_ALGORITHM_VARIABLE = "OMPI_MCA_coll_tuned_allreduce_algorithm"
 
@@ -79,7 +79,7 @@ class HorovodComm:
 
         self.hvd = hvd
         # Open MPI's waiting as hvd_train sets it, so the MPI series measures what training gets.
-        yield_mpi_when_idle(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        yield_mpi_when_idle(not torch.cuda.is_available(), "the benchmark: on CPU")
         hvd.init()
         self.device = torch.device("cpu")
         if torch.cuda.is_available() and hvd.nccl_built():

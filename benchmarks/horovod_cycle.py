@@ -49,9 +49,9 @@ def worker(args) -> int:
     before = min(_matmul_seconds(args.matmuls) for _ in range(3))
     import horovod.torch as hvd
 
-    from hvd_train.backend import MPI_YIELD_VARIABLE, yield_mpi_when_idle
+    from common.launch.openmpi import MPI_YIELD_VARIABLE, yield_mpi_when_idle
 
-    yield_mpi_when_idle(torch.device("cpu"))  # Open MPI waits as under hvd_train
+    yield_mpi_when_idle(True, "the benchmark: on CPU")  # Open MPI waits as under hvd_train
     hvd.init()
     hvd.allreduce(torch.zeros(1), name="sync")
     cpu0, wall0 = time.process_time(), time.perf_counter()

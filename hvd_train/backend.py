@@ -12,6 +12,7 @@ import time
 import torch
 
 from common.errors import UsageError
+from common.launch.openmpi import MPI_YIELD_VARIABLE, yield_mpi_when_idle
 from common.launch.placement import Placement, detect
 from common.loop.backend import Backend
 from common.loop.profiling import Trace
@@ -28,12 +29,6 @@ LONG_CYCLE_MIN_GRADIENT_BYTES = 16 * 2**20
 #: on an idle rank 5% of a core at 5 ms and 2% at 20 ms (BENCHMARKS.md, "Horovod scaling"). MPI keeps 5 ms.
 LONG_CYCLE_MS = {"gloo": 20, "mpi": 5}
 
-#: Open MPI busy-polls while it waits for a message unless it believes the host is oversubscribed, and it
-#: counts processes, not threads: each Horovod rank's background thread then spins on a core that the
-#: rank's compute and the other ranks need. Yielding when idle gave Horovod/MPI 7-62% more samples/s at
-#: two ranks on two cores and removed 19 ms stalls from its allreduce (BENCHMARKS.md, "Open MPI's busy wait").
-MPI_YIELD_VARIABLE = "OMPI_MCA_mpi_yield_when_idle"
-
 #: Open MPI's mpirun passes SIGINT/SIGTERM on to the ranks this many seconds after it got it, and kills them as
 #: long again later (1 by default): too soon for the ranks to agree to stop and write a final checkpoint.
 SIGKILL_TIMEOUT_VARIABLE = "OMPI_MCA_odls_base_sigkill_timeout"
@@ -49,18 +44,6 @@ def import_horovod():
     except ImportError as exc:  # also the extension failing to load against another torch
         raise UsageError(HOROVOD_MISSING.format(error=exc)) from None
     return hvd
-
-
-def yield_mpi_when_idle(device: torch.device) -> str:
-    """Set OMPI_MCA_mpi_yield_when_idle=1 for a rank on CPU unless it is already set (`mpirun --mca
-    mpi_yield_when_idle N` reaches the rank as that variable). Read by MPI_Init inside hvd.init(); the
-    Gloo controller and other MPIs ignore it. Returns where the value came from."""
-    if os.environ.get(MPI_YIELD_VARIABLE):
-        return "environment"
-    if device.type != "cpu":
-        return "Open MPI's default"
-    os.environ[MPI_YIELD_VARIABLE] = "1"
-    return "hvd_train: training on CPU"
 
 
 def controller_before_init(hvd) -> str:
@@ -136,7 +119,7 @@ class HorovodBackend(Backend):
                   f"{self.tuning.bucket_mb:g} ({self.fusion_threshold_bytes} bytes)", flush=True)
         self._choose_cycle_time()
         self.wait, self.wait_source = choose_wait(self.device)
-        self.mpi_yield_source = yield_mpi_when_idle(self.device)
+        self.mpi_yield_source = yield_mpi_when_idle(self.device.type == "cpu", "hvd_train: training on CPU")
         self.mpi_btl_source = one_host_shared_memory(self._launched_as.single_host)
         if self.tuning.profile:
             # hvd.start_timeline() works only when the timeline was enabled at init.
