@@ -1,15 +1,19 @@
 """python -m common.probe --run-dir DIR [--perturb-ulp N --perturb-pattern P] SCRIPT [ARGS...]
 
 Runs a user's training script unmodified, as `python SCRIPT ARGS` would (as __main__, from the folder it is
-started in, with the script's folder first on sys.path), with the probe's hooks in place (common.probe.hooks),
-under any launcher:
+started in, with the script's folder first on sys.path, its own modules found first even where one is called
+`common`: common.launch.userscript), with the probe's hooks in place (common.probe.hooks), under any launcher:
 
     torchrun --nproc-per-node 2 -m common.probe --run-dir runs/ddp train_ddp.py --epochs 1
     horovodrun -np 2 -H localhost:2 python -m common.probe --run-dir runs/hvd train_horovod.py --epochs 1
 
-Every rank records its steps; when the script ends, rank 0 writes the run directory (common.probe.assemble).
-What the probe cannot follow ends the run with one line and exit code 2; a script that fails shows its own
-traceback and exit code.
+From a folder that holds its own `common.py` or `common/`, start it with PYTHONSAFEPATH=1 (as the comparison
+does) or `python -P`, so that python finds the probe and not the folder's module.
+
+Every rank records its steps; when the script ends, rank 0 writes the run directory (common.probe.assemble). A
+script that returns (or exits with code 0) ends the process without the interpreter's teardown, so an abort there
+(a DDP model kept past destroy_process_group) cannot turn a complete run into a failed one. What the probe cannot
+follow ends the run with one line and exit code 2; a script that fails shows its own traceback and exit code.
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
-import runpy
 import sys
 from typing import List, NoReturn, Optional
 
 from ..errors import print_error
+from ..launch import userscript
 from ..launch.placement import detect
 from ..launch.startup import pause_collector, resume_collector
 
@@ -29,12 +33,13 @@ PROG = "probe"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m common.{PROG}", description=__doc__,
+    p = argparse.ArgumentParser(prog=f"python -m common.{PROG}", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", required=True, help="the run directory rank 0 writes")
     p.add_argument("--perturb-ulp", type=int, default=0, metavar="N",
-                   help="move the model's nonzero initial weights N units in the last place before its first step "
-                        "(the noise floor's disturbance)")
+                   help="move the model's nonzero initial weights N units in the last place before its first step, "
+                        "and, where the script's gradients are exchanged at a lower precision, each reduced "
+                        "gradient one unit of that precision at every step (the noise floor's disturbance)")
     p.add_argument("--perturb-pattern", type=int, default=1, metavar="P", help="which way each tensor moves")
     p.add_argument("script", help="the training script, as you would give it to python")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -50,28 +55,29 @@ def refuse(message: str) -> NoReturn:
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
-    script = args.script
-    if not os.path.isfile(script):
-        refuse(f"{script}: no such file; give the training script's path from this folder")
+    code = userscript.UserCode(args.script, tuple(args.args))
+    problem = userscript.check(code)
+    if problem:
+        refuse(problem)
     placement = detect()
     pause_collector()  # the probe's own start-up; the script runs with the collector as python gives it
     from .session import Session  # imports torch: after the arguments are known to be good
 
-    session = Session(os.path.abspath(args.run_dir), script, list(args.args), placement, args.perturb_ulp,
+    session = Session(os.path.abspath(args.run_dir), args.script, list(args.args), placement, args.perturb_ulp,
                       args.perturb_pattern, refuse)
     session.start()
     resume_collector()
     atexit.register(session.finish)
-    sys.argv = [script, *args.args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
     try:
-        runpy.run_path(script, run_name="__main__")
+        userscript.run(code)
     except SystemExit as leaving:
-        session.failed = leaving.code not in (None, 0)
-        raise
+        if userscript.exit_code(leaving) != 0:
+            session.failed = True
+            raise
     except BaseException:
         session.failed = True
         raise
+    userscript.leave(0)  # the script's atexit handlers, then the probe's (session.finish), then no teardown
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ def write(run_dir: str, world_size: int, state: Dict[str, torch.Tensor]) -> None
     ranks = [read_rank(run_dir, rank) for rank in range(world_size)]
     first = ranks[0]
     probe, start, world = _one(first, "probe"), _one(first, "start"), _one(first, "world")
+    precision = _one(first, "precision")
     steps_by_rank = [[r for r in records if r["event"] == "step"] for records in ranks]
     steps = steps_by_rank[0]
     out = RunDir(run_dir, True)
@@ -82,9 +83,13 @@ def write(run_dir: str, world_size: int, state: Dict[str, torch.Tensor]) -> None
         "script": {"path": os.path.join(probe.get("cwd") or "", probe.get("script") or ""),
                    "sha256": probe.get("sha256"), "argv": probe.get("argv"), "cwd": probe.get("cwd")},
         "model": start.get("model"), "threads": start.get("threads"), "device": start.get("device"),
+        "cores": probe.get("cores"), "ranks_per_host": probe.get("ranks_per_host"),
+        "mpi_yield_when_idle": probe.get("mpi_yield_when_idle"), "mpi_yield_source": probe.get("mpi_yield_source"),
+        "gradient_precision": precision.get("gradients"), "gradient_precision_how": precision.get("how"),
         "parameters": start.get("parameters"), "buffers": start.get("buffers"), "versions": versions()})
-    out.log("start", step=0, wnorm=start.get("wnorm"),
-            ranks=[_one(records, "start").get("wnorm") for records in ranks])
+    out.log("start", step=0, wnorm=start.get("wnorm"), built=start.get("built"),
+            ranks=[_one(records, "start").get("wnorm") for records in ranks],
+            ranks_built=[_one(records, "start").get("built") for records in ranks])
     for event in (r for r in first if r["event"] == "stepless"):
         out.log("stepless", **{k: v for k, v in event.items() if k not in ("event", "time")})
     for index, step in enumerate(steps):

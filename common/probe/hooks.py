@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, List, NoReturn, Optional
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 import torch
 import torch.optim.optimizer as optim_module
@@ -33,9 +33,12 @@ class Hooks:
     """Follows one script's model and optimizer on this rank and feeds the recorder."""
 
     def __init__(self, recorder: Recorder, refuse: Callable[[str], NoReturn],
-                 on_start: Callable[[torch.nn.Module], None], on_first_step: Callable[[], None]) -> None:
+                 on_start: Callable[[torch.nn.Module], None], on_first_step: Callable[[], None],
+                 on_reduced: Callable[[torch.optim.Optimizer, List[torch.Tensor]], None]) -> None:
         self.recorder, self.refuse, self.on_start, self.on_first_step = recorder, refuse, on_start, on_first_step
+        self.on_reduced = on_reduced
         self.model: Optional[torch.nn.Module] = None
+        self.wrapper: Optional[torch.nn.Module] = None   # the model's DDP wrapper, for its comm hooks
         self.optimizers: Dict[int, frozenset] = {}         # id(optimizer) -> its parameters' ids
         self.forward_depth = 0
         self.step_depth = 0
@@ -90,9 +93,8 @@ class Hooks:
         if self.forward_depth != 1 or not module.training or not _has_parameters(module):
             return
         if self.model is None:  # the first outermost module with parameters that trains: the model
-            # Kept without its DDP wrapper: the wrapper holds the process group, which must go with the script's
-            # own objects, not at the interpreter's exit.
             self.model = unwrap(module)
+            self.wrapper = module if module is not self.model else None
             self.on_start(module)
         self.recorder.forward(input_fingerprint(args))
 
@@ -121,6 +123,8 @@ class Hooks:
         self.optimizers[id(optimizer)] = ids
         self.recorder.optimizer_started()
         params = self.ordered(optimizer)
+        if self.recorder.in_step and (self.step_depth > 1 or not reduces_itself(optimizer)):
+            self.on_reduced(optimizer, params)  # the gradients this step applies: reduced, not yet used
         self.before = {"groups": group_settings(optimizer), "state": state_summary(optimizer, params),
                        "gnorm": tensor_norms([p.grad for p in params])}
         if not self.recorder.in_step:  # only a step with no backward before it records the weights it found
@@ -138,6 +142,44 @@ class Hooks:
         else:
             self.recorder.stepless(self.before, wnorm)
         self.before = None
+
+
+def reduces_itself(optimizer: torch.optim.Optimizer) -> bool:
+    """A Horovod-style DistributedOptimizer: its step() waits for the allreduce (`synchronize`), then calls the
+    step of the optimizer class it wraps on itself, which the hooks see as a nested step with the reduced
+    gradients."""
+    return callable(getattr(optimizer, "synchronize", None))
+
+
+def comm_hook_names(wrapper: Optional[torch.nn.Module]) -> List[str]:
+    """The names of the comm hooks registered on a DDP wrapper (fp16_compress_hook, ...)."""
+    hooks = getattr(wrapper, "_comm_hooks", None) or []
+    return [getattr(hook, "__qualname__", getattr(hook, "__name__", type(hook).__name__)) for hook, _ in hooks]
+
+
+#: the precisions a script's gradients can be exchanged at, lowest first, with the names that say so in Horovod's
+#: compressions (Compression.fp16: FP16Compressor) and DDP's comm hooks (fp16_compress_hook, bf16_compress_hook)
+LOW_PRECISIONS = (("float16", torch.float16, "fp16"), ("bfloat16", torch.bfloat16, "bf16"))
+
+
+def gradient_precision(optimizer: torch.optim.Optimizer, wrapper: Optional[torch.nn.Module],
+                       params: List[torch.Tensor]) -> Tuple[str, str]:
+    """The precision the script's reduced gradients were rounded at, and how that is known: a Horovod
+    optimizer's compression, a DDP comm hook's name, or every reduced gradient element representable in it."""
+    compression = getattr(optimizer, "_compression", None)
+    named = [getattr(compression, "__name__", type(compression).__name__)] if compression is not None else []
+    for precision, _, word in LOW_PRECISIONS:
+        if any(word in name.lower() for name in named):
+            return precision, f"the optimizer's compression ({named[0]})"
+        hooks = [name for name in comm_hook_names(wrapper) if word in name.lower()]
+        if hooks:
+            return precision, f"DDP's comm hook ({hooks[0]})"
+    grads = [p.grad for p in params if p.grad is not None and p.grad.is_floating_point() and not p.grad.is_sparse]
+    if grads and any(bool(g.count_nonzero()) for g in grads):
+        for precision, dtype, _ in LOW_PRECISIONS:
+            if all(torch.equal(g, g.to(dtype).to(g.dtype)) for g in grads):
+                return precision, f"every reduced gradient is a {precision} number"
+    return "float32", "no compression seen"
 
 
 def _has_parameters(module: torch.nn.Module) -> bool:

@@ -11,12 +11,13 @@ from typing import Callable, List, NoReturn, Optional
 import torch
 
 from common.checkpoints.format import file_sha256
-from common.inputs.perturb import perturb_ulp
-from common.launch.placement import Placement
+from common.inputs.perturb import GradientDisturbance, gradient_disturbance, perturb_ulp
+from common.launch.openmpi import MPI_YIELD_VARIABLE, yield_mpi_when_idle
+from common.launch.placement import Placement, cores
 from common.loop.fingerprint import tensor_norms
 
 from . import assemble
-from .hooks import Hooks, distributed_world, unwrap
+from .hooks import Hooks, distributed_world, gradient_precision, unwrap
 from .recorder import Recorder
 
 #: how long rank 0 waits, once its script has ended, for the other ranks' records to end
@@ -30,17 +31,23 @@ class Session:
                  pattern: int, refuse: Callable[[str], NoReturn]) -> None:
         self.run_dir, self.script, self.argv, self.placement = run_dir, script, argv, placement
         self.perturb, self.pattern, self.refuse = perturb, pattern, refuse
+        self.disturbance: Optional[GradientDisturbance] = None
         self.recorder = Recorder(run_dir, placement.rank)
-        self.hooks = Hooks(self.recorder, self._refuse, self._started, self._check_world)
+        self.hooks = Hooks(self.recorder, self._refuse, self._started, self._check_world, self._reduced)
         self.failed = False
 
     def start(self) -> None:
         """Install the hooks and write this rank's first record, before the script runs."""
         self.hooks.install()
+        # Open MPI yields the core while it waits, as under hvd_train: a busy-polling rank takes a core from the
+        # compute of a script on CPU, and its speed would measure that, not the backend.
+        yielding = yield_mpi_when_idle(not torch.cuda.is_available(), "the probe: ranks on CPU")
         self.recorder.write("probe", rank=self.placement.rank, world_size=self.placement.world_size,
                             host=socket.gethostname(), launcher=self.placement.launcher, script=self.script,
                             argv=self.argv, sha256=file_sha256(self.script), cwd=os.getcwd(),
-                            perturb_ulp=self.perturb, perturb_pattern=self.pattern)
+                            perturb_ulp=self.perturb, perturb_pattern=self.pattern, cores=cores(),
+                            ranks_per_host=self.placement.local_world_size,
+                            mpi_yield_when_idle=os.environ.get(MPI_YIELD_VARIABLE), mpi_yield_source=yielding)
 
     def _refuse(self, message: str) -> NoReturn:
         self.recorder.write("refused", message=message)
@@ -49,13 +56,24 @@ class Session:
     def _started(self, model: torch.nn.Module) -> None:
         """The model's first training forward: disturb it when asked, then record the weights it starts from."""
         plain = unwrap(model)
+        built = tensor_norms(list(model.parameters()))
         if self.perturb:
             perturb_ulp(plain, self.perturb, self.pattern)
         names = [name for name, _ in plain.named_parameters()]
         self.recorder.write("start", model=type(plain).__name__, parameters=names,
-                            buffers=[name for name, _ in plain.named_buffers()],
+                            buffers=[name for name, _ in plain.named_buffers()], built=built,
                             wnorm=tensor_norms(list(model.parameters())), threads=torch.get_num_threads(),
                             device=str(next(model.parameters()).device))
+
+    def _reduced(self, optimizer: torch.optim.Optimizer, params: List[torch.Tensor]) -> None:
+        """The reduced gradients a training step is about to apply: at the first, the precision they were rounded
+        at (recorded); in a disturbed run whose gradients are rounded below float32, each moved one unit of it."""
+        if self.recorder.steps == 0:
+            found, how = gradient_precision(optimizer, self.hooks.wrapper, params)
+            self.recorder.write("precision", gradients=found, how=how)
+            self.disturbance = gradient_disturbance(self.perturb, self.pattern, found)
+        if self.disturbance is not None:
+            self.disturbance(params, self.recorder.steps + 1)
 
     def _check_world(self) -> None:
         """At the first training step: the script must train in the launcher's job, not alone on each rank."""

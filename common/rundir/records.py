@@ -16,7 +16,7 @@ import torch
 
 from common.config import Config
 from common.inputs.opening import Inputs
-from common.launch.placement import launcher_name
+from common.launch.placement import cores, launcher_name
 from common.loop.backend import Backend
 from common.loop.batches import Batches
 from common.loop.fingerprint import parameter_names
@@ -122,6 +122,8 @@ def config_record(run: RunSetup) -> Dict:
         "launcher": launcher_name(os.environ),
         "command": command_line(),
         "threads": run.threads,
+        "cores": cores(),
+        "ranks_per_host": backend.local_world_size,
         "device": str(backend.device),
         "dataset": {"train_samples": len(run.inputs.train_set), "val_samples": len(run.inputs.val_set),
                     "channels": info.channels, "image_size": info.image_size, "num_classes": info.num_classes},
