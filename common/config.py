@@ -197,8 +197,9 @@ class Config:
     progress: str = option("auto", "run", "tqdm progress bar on rank 0; auto: only when stderr is a terminal",
                            choices=("auto", "on", "off"))
     perturb_ulp: int = option(0, "run", "move every nonzero initial weight N units in the last place (which way: "
-                                        "--perturb-pattern): the smallest disturbance, whose effect on training is the "
-                                        "noise floor compare-backends measures; 0: off", parse=non_negative_int,
+                                        "--perturb-pattern), and with --compression fp16 every reduced gradient one "
+                                        "float16 unit at every step: the smallest disturbance, whose effect on "
+                                        "training is the noise floor compare-backends measures; 0: off", parse=non_negative_int,
                               metavar="N")
     perturb_pattern: int = option(1, "run", "with --perturb-ulp, which way each parameter tensor moves: 1 every tensor away "
                                             "from zero, 2 toward zero, 3 and up each tensor one way or the other (drawn "
@@ -247,6 +248,13 @@ class Config:
     def exact(self) -> bool:
         """--reduction exact: fixed-point sums of micro-batch gradients."""
         return is_exact(self.to_dict())
+
+    @property
+    def gradient_precision(self) -> str:
+        """The precision the gradients are exchanged at: float16 with --compression fp16, else float32 (under
+        --amp the gradients of the float32 weights are float32; the forward's lower precision is reached by the
+        initial weights' disturbance, as measured in benchmarks/results/verdicts.json)."""
+        return "float16" if self.compression == "fp16" else "float32"
 
     @property
     def fixed_global_batch(self) -> bool:

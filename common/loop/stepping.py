@@ -10,6 +10,7 @@ from typing import Any, List, Optional, Protocol, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..inputs.perturb import GradientDisturbance
 from .backend import Backend
 from .metrics import SumMeter
 from .precision import Precision
@@ -50,9 +51,11 @@ class AllreduceStep:
     doing = "forward, backward and the optimizer step"
 
     def __init__(self, model: torch.nn.Module, plain_model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 backend: Backend, precision: Precision, clip_grad_norm: Optional[float]) -> None:
+                 backend: Backend, precision: Precision, clip_grad_norm: Optional[float],
+                 disturbance: Optional[GradientDisturbance] = None) -> None:
         self.model, self.plain_model, self.optimizer = model, plain_model, optimizer
         self.backend, self.precision, self.clip_grad_norm = backend, precision, clip_grad_norm
+        self.disturbance = disturbance  # the noise floor's runs whose gradients are rounded below float32
 
     def __call__(self, group: List[Tuple[torch.Tensor, torch.Tensor]], meter: SumMeter,
                  step: int) -> Tuple[torch.Tensor, int]:
@@ -74,6 +77,8 @@ class AllreduceStep:
             step_loss = step_loss + loss.detach()
             samples += n
         with self.backend.gradients_ready(self.optimizer):
+            if self.disturbance is not None:
+                self.disturbance(self.plain_model.parameters(), step)
             self.precision.unscale(self.optimizer)
             if self.clip_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(self.plain_model.parameters(), self.clip_grad_norm)

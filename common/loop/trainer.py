@@ -19,6 +19,7 @@ from common.faults import sigterm_hold
 from common.faults.stopping import Interrupted, StopControl
 from common.inputs.models import gradient_bytes
 from common.inputs.opening import Inputs, open_inputs
+from common.inputs.perturb import gradient_disturbance
 from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 from common.rundir.records import RunOutcome, RunSetup, config_record, summary_record
 from common.rundir.writer import RunDir
@@ -144,7 +145,8 @@ class Trainer:
                 self.model, self.optimizer = backend.wrap(model, optimizer)
             self.plain_model = backend.unwrap(self.model)
             self.step = AllreduceStep(self.model, self.plain_model, self.optimizer, backend, self.precision,
-                                      config.clip_grad_norm)
+                                      config.clip_grad_norm, gradient_disturbance(
+                                          config.perturb_ulp, config.perturb_pattern, config.gradient_precision))
         self.timer = StepTimer(backend.device)
         self.loss_watch = LossWatch(backend.device)
         self.profiler = StepProfiler(backend.trace(os.path.join(config.run_dir, PROFILE_DIR)) if config.profile
