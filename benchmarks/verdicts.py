@@ -82,6 +82,9 @@ RESNET = ("--model", "resnet18", "--dataset", "synthetic", "--image-size", "32",
 RESNET_ADAM = Setting("resnet18 32x32, Adam, 3 ranks", 3, RESNET + ("--optimizer", "adam", "--lr", "0.001",
                                                                     "--weight-decay", "0.01"))
 RESNET_SGD = Setting("resnet18 32x32, SGD, 4 ranks", 4, RESNET + ("--lr", "0.02"))
+#: both backends compress their gradients to float16 (the floor's runs round there too) or autocast to bfloat16
+FP16 = Setting("convnet, SGD, fp16 compression, 3 ranks", 3, ("--compression", "fp16"))
+BF16 = Setting("convnet, SGD, bf16 autocast, 3 ranks", 3, ("--amp", "bf16"))
 
 CORPUS = [
     Case("ddp-gloo", "same", DEFAULT, GLOO, what="DDP vs Horovod/Gloo"),
@@ -98,6 +101,9 @@ CORPUS = [
     Case("dropout-adam", "same", DROPOUT_ADAM, MPI, what="DDP vs Horovod/MPI, dropout, Adam"),
     Case("resnet-adam", "same", RESNET_ADAM, GLOO, what="DDP vs Horovod/Gloo, ResNet-18, Adam"),
     Case("resnet-sgd-4", "same", RESNET_SGD, GLOO, what="DDP vs Horovod/Gloo, ResNet-18, SGD, 4 ranks"),
+    Case("fp16-both", "same", FP16, GLOO, what="DDP vs Horovod/Gloo, both compressing to fp16"),
+    Case("fp16-both-mpi", "same", FP16, MPI, what="DDP vs Horovod/MPI, both compressing to fp16"),
+    Case("bf16-both", "same", BF16, GLOO, what="DDP vs Horovod/Gloo, both under bf16 autocast"),
     Case("lr+5%", "real", DEFAULT, GLOO, ("--lr", "0.0525"), what="learning rate 5% higher"),
     Case("lr-5%", "real", DEFAULT, GLOO, ("--lr", "0.0475"), what="learning rate 5% lower"),
     Case("momentum", "real", DEFAULT, GLOO, ("--momentum", "0.85"), what="momentum 0.85 instead of 0.9"),
@@ -115,6 +121,11 @@ CORPUS = [
     Case("adam-lr", "real", ADAM_ISSUE, DDP, ("--lr", "0.0012"), what="Adam, lr 0.0012 instead of 0.001"),
     Case("adam-wd", "real", ADAM, GLOO, ("--weight-decay", "5e-4"), what="Adam with weight decay 5e-4"),
     Case("resnet-adam-lr", "real", RESNET_ADAM, GLOO, ("--lr", "0.00105"), what="ResNet-18, Adam, lr 5% higher"),
+    Case("fp16-lr+5%", "real", FP16, GLOO, ("--lr", "0.0525"), what="both fp16, learning rate 5% higher"),
+    Case("fp16-weight-decay", "real", FP16, GLOO, ("--weight-decay", "5e-4"),
+         what="both fp16, weight decay 5e-4 instead of 0"),
+    Case("fp16-momentum", "real", FP16, GLOO, ("--momentum", "0.85"), what="both fp16, momentum 0.85 instead of 0.9"),
+    Case("bf16-clip", "real", BF16, GLOO, ("--clip-grad-norm", "0.5"), what="both bf16, gradients clipped to 0.5"),
 ]
 
 # One process per run: the quick corpus checks the pipeline (launches, floors, judging, the grid), not the verdicts.

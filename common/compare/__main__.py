@@ -21,6 +21,9 @@ from .matrix import MatrixRunner, Training, failure_record, plan, rerun_disturbe
 from .sites import Hosts, SlurmAllocation, ThisHost
 
 PROG = "compare-backends"
+#: the exit code of a comparison that ran every run but could not judge a pair: a program that does not reproduce
+#: itself (common.compare.reproducible)
+CANNOT_JUDGE = 3
 
 
 def build_compare_parser() -> argparse.ArgumentParser:
@@ -147,7 +150,8 @@ def reduction_of(train_args: List[str]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the comparison; 0 when every run succeeded, 1 when one failed, 2 on bad input."""
+    """Run the comparison; 0 when every run succeeded and every pair was judged, 1 when a run failed, 2 on bad input,
+    3 (CANNOT_JUDGE) when a program did not reproduce itself, so that its pairs could not be judged."""
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args: List[str] = []
     if "--" in argv:  # what follows is the scripts' own
@@ -252,7 +256,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"  speed: {v['verdict']}")
     for f in failures:
         print(f"  FAILED {f['name']}: {f['error']}")
-    return 1 if failures else 0
+    if failures:
+        return 1
+    return CANNOT_JUDGE if summary["irreproducible"] else 0
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ from itertools import combinations
 from typing import Dict, List, Optional
 
 from common.rundir.reader import Run
-from . import branches, gaps, stats, trajectory
+from . import branches, gaps, reproducible, stats, trajectory
 from .floor import JUDGED, OUTCOME
+from .reproducible import Irreproducible
 
 #: max |Δw| at or below which non-identical weights are called equal (summation order only)
 DEFAULT_TOLERANCE = 1e-5
@@ -66,12 +67,14 @@ def outcome(a: Run, b: Run, floor: Optional[Dict]) -> Dict:
 
 
 def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional[Dict] = None,
-           margin: float = FLOOR_MARGIN) -> Dict:
+           margin: float = FLOOR_MARGIN, irreproducible: Optional[Irreproducible] = None) -> Dict:
     """How closely two runs learned the same thing, judged where their divergence starts: per-step gaps of the
     loss and the weights' fingerprint against the noise floor's band (common.compare.trajectory), the first step
     at which they differ and the first at which they leave the band, the learning rate, the final weights' gaps
     per tensor, the final loss and accuracy against the floor's range, and a verdict in words. `floor` is
-    common.compare.floor's measure ({"unknown": why} when there is none)."""
+    common.compare.floor's measure ({"unknown": why} when there is none). Where a program did not reproduce itself
+    at this world size (`irreproducible`, common.compare.reproducible) nothing is judged; two runs that start from
+    different weights train differently from step 0."""
     sa, sb = a.step_states(), b.step_states()
     steps = trajectory.step_gaps(sa, sb)
     la, lb = a.step_losses(), b.step_losses()
@@ -88,12 +91,17 @@ def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional
         "rel_loss_diff": steps["loss"], "rel_weight_diff": steps["weights"],
         "max_loss_diff": max(diffs) if diffs else None, "max_rel_loss_diff": max(steps["loss"].values(), default=None),
         "first_differing_step": trajectory.first_differing(steps), "lr_difference": trajectory.lr_difference(sa, sb),
+        "setting_difference": trajectory.setting_difference(sa, sb),
         "max_abs_weight_diff": max_dw, "bitwise_identical": identical, "gap": gap, "gaps": tensors,
         "val_top1": [a.summary.get("val_top1"), b.summary.get("val_top1")],
         "noise_floor": None, "floor_ratio": None, "floor_runs": None, "departure": None, "largest_band_ratio": None,
         "branches": {}, "branch_levels": {}, "trains_differently_from": None, "within_noise_floor": None,
-        "outcome": outcome(a, b, floor if judged else None),
+        "outcome": outcome(a, b, floor if judged else None), "start_gap": reproducible.start_gap(a, b),
+        "cannot_judge": irreproducible.verdict if irreproducible is not None else None,
     }
+    if irreproducible is not None:
+        out["verdict"] = irreproducible.verdict
+        return out
     if judged and not identical:
         against = branches.judged_band(steps, floor, margin)
         levels = branches.levels(against)
@@ -105,11 +113,16 @@ def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional
                    branches={q: j["branch"] for q, j in against.items() if j["needed"]},
                    branch_levels=branches.branch_levels(against))
     starts = [d for d in (out["departure"] and out["departure"]["step"],
-                          out["lr_difference"] and out["lr_difference"]["step"] + 1) if d]
+                          out["lr_difference"] and out["lr_difference"]["step"] + 1,
+                          out["setting_difference"] and out["setting_difference"]["acts"]) if d]
+    if out["start_gap"]:  # apart before the first step, whatever the floor says
+        starts.append(0)
     if not identical and starts:
         out["trains_differently_from"] = min(starts)
     if judged and not identical:
         out["within_noise_floor"] = out["trains_differently_from"] is None
+    elif out["start_gap"] and not identical:
+        out["within_noise_floor"] = False
     out["verdict"] = _verdict(out, tolerance, gaps.dominant(tensors), floor, margin)
     return out
 
@@ -149,12 +162,18 @@ def _verdict(p: Dict, tolerance: float, tensor: Optional[str], floor: Optional[D
     where = f", most in {tensor}" if tensor else ""
     lr = p["lr_difference"]
     lr_text = f"the learning rate differs from step {lr['step']} ({lr['a']:.4g} vs {lr['b']:.4g})" if lr else ""
+    setting = p["setting_difference"]
+    setting_text = (f"the optimizer's {setting['setting'].replace('_', ' ')} differs from step {setting['step']} "
+                    f"({setting['a']} vs {setting['b']})") if setting else ""
     if p["within_noise_floor"] is False:
         d = p["departure"]
-        why = [f"{trajectory.WORDS[d['quantity']]} {d['gap']:.1e} apart at step {d['step']}, {d['ratio']:.3g}x what "
-               f"{_reached(d)}"] if d else []
-        why += [lr_text] if lr else []
-        return (f"beyond the noise floor: trains differently from step {p['trains_differently_from']} "
+        why = [f"the initial weights {p['start_gap']:.1e} apart (the largest relative gap of a tensor's norm)"] \
+            if p["start_gap"] else []
+        why += [f"{trajectory.WORDS[d['quantity']]} {d['gap']:.1e} apart at step {d['step']}, {d['ratio']:.3g}x what "
+                f"{_reached(d)}"] if d and not p["start_gap"] else []
+        why += [text for text in (lr_text, setting_text) if text]
+        judged = "beyond the noise floor: trains" if p["noise_floor"] is not None else "trains"
+        return (f"{judged} differently from step {p['trains_differently_from']} "
                 f"({'; '.join(why)}){_outcome_text(p['outcome'])}")
     if p["max_abs_weight_diff"] <= tolerance:
         return f"equal within {p['max_abs_weight_diff']:.1e}"
@@ -171,28 +190,31 @@ def _verdict(p: Dict, tolerance: float, tensor: Optional[str], floor: Optional[D
     step = p["first_differing_step"]
     why = (floor or {}).get("unknown") or f"no disturbed run at world size {p['world_size']}"
     return (f"differs: parameters by {p['gap']:.2g} (‖Δ‖/‖w‖{where}), final max |Δw| {p['max_abs_weight_diff']:.3g}"
-            f"{f', first differing step {step}' if step is not None else ''}{'; ' + lr_text if lr else ''}; noise "
-            f"floor unknown ({why})")
+            f"{f', first differing step {step}' if step is not None else ''}"
+            f"{''.join('; ' + text for text in (lr_text, setting_text) if text)}; noise floor unknown ({why})")
 
 
 def parity_table(runs: List[Run], tolerance: float = DEFAULT_TOLERANCE, floors: Optional[Dict[int, Dict]] = None,
-                 margin: float = FLOOR_MARGIN) -> List[Dict]:
+                 margin: float = FLOOR_MARGIN, irreproducible: Optional[Dict[int, Irreproducible]] = None) -> List[Dict]:
     """Parity of every pair of first runs at each world size: of two backends (kind "backends"), or of one
     backend with different settings (kind "settings"); the explaining variants, labelled backend+variant, are
     left to common.compare.explain. Then repeats of a run against its first (kind "repeat", reproducibility).
     Each is judged against the noise floor of its world size (`floors`: world size -> common.compare.floor's
-    measure, or {"unknown": why})."""
-    floors = floors or {}
+    measure, or {"unknown": why}); at a world size where a program did not reproduce itself (`irreproducible`)
+    none is judged."""
+    floors, irreproducible = floors or {}, irreproducible or {}
     out = []
     firsts = [r for r in runs if r.repeat == 0]
     for a, b in combinations([r for r in firsts if "+" not in r.label], 2):
         if a.world_size == b.world_size:
             kind = "backends" if a.label != b.label else "settings"
-            out.append({"kind": kind, **parity(a, b, tolerance, floors.get(a.world_size), margin)})
+            out.append({"kind": kind, **parity(a, b, tolerance, floors.get(a.world_size), margin,
+                                               irreproducible.get(a.world_size))})
     for run in runs:
         if run.repeat > 0:
             base = next(r for r in firsts if r.key == run.key)
-            out.append({"kind": "repeat", **parity(base, run, tolerance, floors.get(run.world_size), margin)})
+            out.append({"kind": "repeat", **parity(base, run, tolerance, floors.get(run.world_size), margin,
+                                                   irreproducible.get(run.world_size))})
     return out
 
 
@@ -217,9 +239,38 @@ def span(hosts: List[str]) -> str:
     return "on one host" if len(hosts) <= 1 else f"across {len(hosts)} hosts ({', '.join(hosts)})"
 
 
+def busy_threads(run: Run) -> Optional[Dict[str, int]]:
+    """How busy a run kept its busiest host: its ranks there, each one's threads, and the host's cores (None when
+    the run did not record them)."""
+    ranks, threads, cores = (run.config.get(k) for k in ("ranks_per_host", "threads", "cores"))
+    if not (ranks and threads and cores):
+        return None
+    return {"ranks": int(ranks), "threads": int(threads), "cores": int(cores)}
+
+
+def conditions(runs: List[Run]) -> Optional[Dict[str, int]]:
+    """The busiest conditions among `runs` (the most busy threads per core), None when none recorded them."""
+    found = [c for c in (busy_threads(r) for r in runs) if c is not None]
+    return max(found, key=lambda c: c["ranks"] * c["threads"] / c["cores"]) if found else None
+
+
+def contended(found: Optional[Dict[str, int]]) -> bool:
+    """More busy threads (ranks x threads per rank) than the host has cores."""
+    return found is not None and found["ranks"] * found["threads"] > found["cores"]
+
+
+def conditions_text(found: Optional[Dict[str, int]]) -> str:
+    """'2 ranks x 1 thread on 2 cores' ('' when unknown)."""
+    if found is None:
+        return ""
+    return (f"{found['ranks']} rank{'s' if found['ranks'] != 1 else ''} x {found['threads']} "
+            f"thread{'s' if found['threads'] != 1 else ''} on {found['cores']} core{'s' if found['cores'] != 1 else ''}")
+
+
 def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
     """At each world size, which backend is faster, by how much, and whether that exceeds the
-    spread across repeats (the ranges of the two do not overlap)."""
+    spread across repeats (the ranges of the two do not overlap). Runs that had more busy threads than their host
+    has cores measured the contention for cores, not the backends: said so, and never called significant."""
     by_world: Dict[int, List[str]] = {}
     for key in throughput:
         if "+" not in key:  # the explaining variants are no backend of their own
@@ -231,7 +282,12 @@ def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
             fast, slow = (ka, kb) if a["median"] >= b["median"] else (kb, ka)
             f, s = throughput[fast], throughput[slow]
             ratio = f["median"] / s["median"] if s["median"] else float("inf")
-            if min(f["n"], s["n"]) < 2:
+            busiest = conditions([r for r in runs if r.key in (ka, kb)])
+            if contended(busiest):
+                noise = (f"measured with {conditions_text(busiest)}: the ranks compete for cores, so this is the "
+                         "machine's contention, not a difference between the backends")
+                significant = None
+            elif min(f["n"], s["n"]) < 2:
                 noise = "unknown (one repeat; use --repeats 3)"
                 significant = None
             else:
@@ -239,13 +295,15 @@ def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
                 noise = "larger than the spread across repeats" if significant else \
                     "within the spread across repeats (not significant)"
             where = span(sorted(set(f["hosts"]) | set(s["hosts"])))
+            shown = f", {conditions_text(busiest)}" if busiest and not contended(busiest) else ""
             out.append({
                 "world_size": world, "faster": fast.split("@")[0], "slower": slow.split("@")[0],
                 "ratio": ratio, "percent": 100 * (ratio - 1), "significant": significant,
-                "hosts": sorted(set(f["hosts"]) | set(s["hosts"])),
+                "hosts": sorted(set(f["hosts"]) | set(s["hosts"])), "conditions": busiest,
+                "contended": contended(busiest),
                 "verdict": f"{fast.split('@')[0]} is {100 * (ratio - 1):.1f}% faster than {slow.split('@')[0]} "
-                           f"at world size {world} {where} ({f['median']:.0f} vs {s['median']:.0f} samples/s); "
-                           f"difference {noise}",
+                           f"at world size {world} {where}{shown} ({f['median']:.0f} vs {s['median']:.0f} "
+                           f"samples/s); difference {noise}",
             })
     return out
 

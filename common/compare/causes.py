@@ -12,7 +12,7 @@ likely mistake and the section of the migration guide that covers it.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .trajectory import relative
 
@@ -26,6 +26,7 @@ SECTIONS = {
     "lr": "#the-learning-rate",
     "state": "#the-trap-in-broadcast_optimizer_state",
     "gradients": "#averaging-the-gradients",
+    "compression": "#averaging-the-gradients",
     "step": "#the-map",
 }
 #: gradients whose norms are further apart than this are not rounding apart (rounding: about 1e-7)
@@ -177,14 +178,39 @@ def _state(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Dict]:
                   "state")
 
 
+def gradient_precision(run) -> str:
+    """The precision a run's gradients were exchanged at: what the probe saw, or the loop's --compression."""
+    recorded = run.config.get("gradient_precision")
+    if recorded:
+        return recorded
+    return "float16" if (run.settings or {}).get("compression") == "fp16" else "float32"
+
+
+#: fraction bits of the precisions gradients are rounded at below float32
+ROUNDING_BITS = {"float16": 10, "bfloat16": 7}
+
+
+def _rounding_reach(a, b) -> Optional[Tuple[str, float, List[str]]]:
+    """(the lower precision, the largest relative gap of a gradient's norm its rounding explains, the runs whose
+    gradients are rounded at it) when either run's gradients are rounded below float32, else None: roundings
+    grouped differently move each element by up to one unit, a tensor's norm by less."""
+    for precision, bits in ROUNDING_BITS.items():
+        runs = [run.name for run in (a, b) if gradient_precision(run) == precision]
+        if runs:
+            return precision, 2.0 ** -bits, runs
+    return None
+
+
 def _gradients(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Dict]:
     ga, gb = sa.get("gnorm") or [], sb.get("gnorm") or []
-    if _largest_gap(ga, gb) <= GRADIENT_TOLERANCE:
+    gap = _largest_gap(ga, gb)
+    if gap <= GRADIENT_TOLERANCE:
         return None
     ratios = [x / y for x, y in zip(ga, gb) if x and y]
     ratio = sorted(ratios)[len(ratios) // 2] if ratios else float("nan")
     world = a.world_size
-    if ratios and all(abs(r - ratio) <= RATIO_TOLERANCE * ratio for r in ratios):
+    scaled = abs(ratio - 1) > RATIO_TOLERANCE  # a common factor of 1 is no scale
+    if scaled and ratios and all(abs(r - ratio) <= RATIO_TOLERANCE * ratio for r in ratios):
         if abs(ratio - world) <= RATIO_TOLERANCE * world or abs(1 / ratio - world) <= RATIO_TOLERANCE * world:
             summed = a.name if ratio > 1 else b.name
             return _cause(step, "gradients", f"at step {step} every gradient of {summed} is {world}x the other's "
@@ -192,7 +218,15 @@ def _gradients(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Dict]:
                           "averaged", "gradients", ratio=ratio)
         return _cause(step, "gradients", f"at step {step} every gradient differs by the same factor, {ratio:.3g}: a "
                       "scaled loss or a scaled reduction", "gradients", ratio=ratio)
-    return _cause(step, "gradients", f"the gradients differ at step {step} (up to {_largest_gap(ga, gb):.1e} of "
+    reach = _rounding_reach(a, b)
+    if reach is not None and gap <= reach[1]:
+        precision, _, rounded = reach
+        how = (f"the compression is applied at another grouping (per backward pass or per accumulated step, before "
+               "or after the division by the world size)" if len(rounded) == 2 else
+               f"{rounded[0]} sends its gradients as {precision} and the other does not")
+        return _cause(step, "gradients", f"the gradients differ at {precision}'s rounding from step {step} (up to "
+                      f"{gap:.1e} of their norm): {how}", "compression", gap=gap, precision=precision)
+    return _cause(step, "gradients", f"the gradients differ at step {step} (up to {gap:.1e} of "
                   "their norm) though the inputs, the weights and the optimizer agree: another loss, model or "
                   "reduction", "gradients")
 
@@ -202,7 +236,8 @@ def explain(a, b, parts_at: Optional[int]) -> Optional[Dict]:
     if parts_at is None or not (is_script_run(a) and is_script_run(b)):
         return None
     # An optimizer step before training moves the weights the first forward pass sees: it comes before them.
-    found = _ranks_apart(a, b) or _stepless(a, b, parts_at) or _built_apart(a, b)
+    # Runs that start apart part at step 0: a step before the first (the zero step) can be why.
+    found = _ranks_apart(a, b) or _stepless(a, b, max(parts_at, 1)) or _built_apart(a, b)
     if found:
         return found
     steps_a, steps_b = _steps(a), _steps(b)

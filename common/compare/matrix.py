@@ -14,6 +14,8 @@ from common.rundir.names import LAUNCH_LOG, LAUNCH_RECORD
 from common.rundir.reader import DISTURBED, Run, read_run, run_name
 from .. import launch
 from ..config import config_argv
+from ..launch import userscript
+from ..launch.hosts import parse_hosts
 from ..launch.remote import run_commands, shown as shown_commands
 from .sites import ThisHost
 
@@ -153,6 +155,11 @@ class Training:
     def argv(self, planned: PlannedRun, run_dir: Path) -> List[str]:
         return [*self.args, *planned.extra_args, "--run-dir", str(run_dir)]
 
+    def env(self, base: Dict[str, str], ranks_per_host: int) -> Dict[str, str]:
+        """What the runs' environment adds to `base`: nothing (the loop sets its threads and Open MPI's settings
+        itself)."""
+        return {}
+
 
 @dataclass(frozen=True)
 class Scripts:
@@ -168,6 +175,12 @@ class Scripts:
     def argv(self, planned: PlannedRun, run_dir: Path) -> List[str]:
         script = dict(self.scripts)[planned.launcher.backend]
         return ["--run-dir", str(run_dir), *planned.extra_args, script, *self.args]
+
+    def env(self, base: Dict[str, str], ranks_per_host: int) -> Dict[str, str]:
+        """PYTHONSAFEPATH for the probe (a `common` module in the scripts' folder must not shadow the probe's
+        package: common.launch.userscript), and the same thread count for both backends' ranks, as the loop gives
+        them: torchrun sets OMP_NUM_THREADS=1 and horovodrun nothing, so torch would take every core per rank."""
+        return {**userscript.safe_path_env(base), "OMP_NUM_THREADS": str(launch.default_threads(ranks_per_host))}
 
 
 #: the module that runs a user's script under the probe
@@ -228,7 +241,9 @@ class MatrixRunner:
                 self.echo(f"    {planned.name} epoch {match.group(1)} step {step}/{steps} "
                           f"· elapsed {_fmt_seconds(time.monotonic() - started)} · ETA {_fmt_seconds(eta)}")
 
-        result = run_commands(commands, timeout=self.timeout_s, env=launch.job_env(python=self.python), cwd=Path.cwd(),
+        env = launch.job_env(python=self.python)
+        env.update(self.program.env(env, ranks_per_host(self.site.placement(planned.np), planned.np)))
+        result = run_commands(commands, timeout=self.timeout_s, env=env, cwd=Path.cwd(),
                               log=run_dir / LAUNCH_LOG, on_line=progress)
         lines = result.output.splitlines()
         if result.timed_out:
@@ -241,6 +256,11 @@ class MatrixRunner:
              "name": planned.name, "backend": planned.label, "np": planned.np, "repeat": planned.repeat + 1},
             indent=2) + "\n")
         return Outcome(planned, run_dir, returncode, result.seconds, shown, error)
+
+
+def ranks_per_host(placement: Optional[str], np: int) -> int:
+    """The most ranks a run of `np` processes places on one host ("node0:4,node1:2" gives 4; this host alone, np)."""
+    return max((slots for _, slots in parse_hosts(placement)), default=np) if placement else np
 
 
 def cells_differ(np: int, done: List[Outcome]) -> bool:

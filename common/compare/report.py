@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -10,7 +11,7 @@ from common.config import is_exact
 from common.rundir.names import SUMMARY_FILE
 from common.rundir.reader import Run, setting_differences
 from common.rundir.writer import json_safe
-from . import analysis, benchmarks, causes, explain, floor, plots, speed_plots
+from . import analysis, benchmarks, causes, explain, floor, plots, reproducible, speed_plots
 from .tables import markdown as _table, number as _fmt
 
 
@@ -23,11 +24,13 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
     out.mkdir(parents=True, exist_ok=True)
     floors = floor.floors(runs)
     judged = {**{world: {"unknown": why} for world, why in (unknown_floors or {}).items()}, **floors}
-    pairs = analysis.parity_table(runs, tolerance, judged, margin)
+    irreproducible = reproducible.check(runs)
+    pairs = analysis.parity_table(runs, tolerance, judged, margin, irreproducible)
     by_name = {run.name: run for run in runs}
     for p in pairs:  # scripts the probe followed: why they part, where they do
-        parts = p["trains_differently_from"] or (p["first_differing_step"] if p["within_noise_floor"] is None
-                                                 and not p["bitwise_identical"] else None)
+        parts = p["trains_differently_from"] if p["trains_differently_from"] is not None else (
+            p["first_differing_step"] if p["within_noise_floor"] is None and not p["bitwise_identical"]
+            and not p["cannot_judge"] else None)
         p["cause"] = causes.explain(by_name[p["a"]], by_name[p["b"]], parts)
         if p["cause"]:
             p["verdict"] += f"; cause: {p['cause']['text']} (see {p['cause']['guide']})"
@@ -54,11 +57,14 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
         "failures": failures,
         "parity": pairs,
         "noise_floors": floors,
+        "irreproducible": {world: dataclasses.asdict(found) for world, found in irreproducible.items()},
         "floor_margin": margin,
         "explanations": explanations,
         "world_sizes": world_sizes,
         "throughput": throughput,
         "speed": speed,
+        "conditions": {key: analysis.conditions_text(analysis.conditions([r for r in runs if r.key == key]))
+                       for key in throughput if analysis.conditions([r for r in runs if r.key == key])},
         "scaling_efficiency": {k: {str(w): e for w, e in v.items()} for k, v in scaling.items()},
         "time_split": split,
         "accuracy": accuracy,
@@ -146,6 +152,10 @@ def _markdown(s: Dict, runs: List[Run], bench_section: List[str]) -> str:
     md += ["## Speed", "", "Training samples/s over all ranks, first step excluded; median (min–max) "
            "over repeats. Runs on one host communicate through loopback and shared memory, runs across hosts "
            "over the network between them: compare rows of the same placement.", ""]
+    if s["conditions"]:
+        md += ["Threads and cores (the busiest host of each run: ranks x threads per rank on its cores; more busy "
+               "threads than cores makes a speed figure the machine's contention): "
+               + "; ".join(f"{key}: {text}" for key, text in s["conditions"].items()) + ".", ""]
     for title, rows in _by_placement(s["throughput"]):
         md += [f"### {title}", "", _table(
             ["backend@world", "hosts", "median samples/s", "min", "max", "repeats"],

@@ -56,6 +56,29 @@ def lr_difference(a: Dict[int, Dict], b: Dict[int, Dict]) -> Optional[Dict]:
     return None
 
 
+#: optimizer settings that first act in the second update: the first one's momentum buffer is its gradient alone
+SECOND_UPDATE = ("momentum", "dampening")
+
+
+def setting_difference(a: Dict[int, Dict], b: Dict[int, Dict]) -> Optional[Dict]:
+    """The first step whose optimizer settings other than the learning rate differ (a weight decay, a momentum,
+    Adam's betas, another optimizer): {"step", "group", "setting", "a", "b", "acts"}, where `acts` is the first step
+    whose forward pass sees its effect (the next step's, or for a momentum the one after), or None."""
+    for step in sorted(set(a) & set(b)):
+        x, y = a[step].get("optimizer") or [], b[step].get("optimizer") or []
+        for group, (u, v) in enumerate(zip(x, y)):
+            for key in sorted(set(u) | set(v)):
+                if key in u and key in v and not _same(u[key], v[key]):
+                    acts = step + (2 if key in SECOND_UPDATE else 1)
+                    return {"step": step, "group": group, "setting": key, "a": u[key], "b": v[key], "acts": acts}
+    return None
+
+
+def _same(x, y) -> bool:
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y))
+    return relative(x, y) <= 1e-9 if numbers else x == y
+
+
 def first_differing(gaps: Dict[str, Dict[int, float]]) -> Optional[int]:
     """The first step at which any quantity differs at all."""
     steps = [s for q in QUANTITIES for s, g in gaps[q].items() if g > 0]
