@@ -8,34 +8,18 @@ broadcast_optimizer_state, DistributedOptimizer / DDP), written into a folder of
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-from common import launch as launch_layer
-from launched import PY, REPO, compare, compare_in_process, run_cmd
+from launched import REPO, compare_backends, compare_in_process, run_cmd
+from common.launch.userscript import safe_path_env
 from common.rundir.names import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SUMMARY_FILE
+from userscripts import RUN_BY, SCRIPT_ARGS, edited, probe_run, probed, sha256, write_folder
 
 pytestmark = pytest.mark.timeout(900)
-
-EXAMPLES = REPO / "examples" / "migrating"
-#: the scripts' own arguments: 2 epochs of 12 steps at 2 ranks
-SCRIPT_ARGS = ["--epochs", "2", "--batch-size", "64"]
-#: a line every script writes when it is run: which process ran it (the comparison's own must never)
-RUN_BY = 'open("run-by.log", "a").write(os.environ.get("RANK", os.environ.get("HOROVOD_RANK", "none")) + "\\n")\n'
-
-
-def edited(name: str, *edits) -> str:
-    """examples/migrating/NAME with each (old, new) replaced once (old must be there) and the run-by line."""
-    text = (EXAMPLES / name).read_text()
-    for old, new in edits:
-        assert text.count(old) == 1, f"{name}: {old!r} is not there once"
-        text = text.replace(old, new)
-    return text.replace("\ndef main(args):\n", "\n" + RUN_BY + "\n\ndef main(args):\n", 1)
-
 
 #: the mistake of each DDP port: (file, edits)
 SUMMED_HOOK = """model = DDP(model)
@@ -60,36 +44,29 @@ SCRIPTS = {
 }
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+#: the user's own module called `common`, which the scripts import (as Horovod's test utilities are): the probe must
+#: leave it theirs
+USERS_COMMON = 'RUN_BY_LOG = "run-by.log"\n'
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """A user's folder: the scripts, their data and net modules; epochs of 0-based set_epoch in both scripts of
-    the pair, so that an epoch repeated shows from the first step of epoch 2."""
+    """A user's folder: the scripts, their data and net modules and their own `common.py`, which every script
+    imports; epochs of 0-based set_epoch in both scripts of the pair, so that an epoch repeated shows from the
+    first step of epoch 2."""
     here = tmp_path_factory.mktemp("user")
-    for name in ("data.py", "net.py"):
-        (here / name).write_text((EXAMPLES / name).read_text())
+    scripts = {}
     for name, (source, edits) in SCRIPTS.items():
         epoch0 = ("train_sampler.set_epoch(epoch)", "train_sampler.set_epoch(epoch - 1)")
         edits = tuple(edits) if any(old == epoch0[0] for old, _ in edits) else (*edits, epoch0)
-        (here / name).write_text(edited(source, *edits))
+        scripts[name] = (source, edits)
+    write_folder(here, scripts)
+    (here / "common.py").write_text(USERS_COMMON)
+    for name in SCRIPTS:  # the run-by line opens the file common.py names
+        script = here / name
+        script.write_text(script.read_text().replace(RUN_BY, "from common import RUN_BY_LOG\n"
+                                                     + RUN_BY.replace('"run-by.log"', "RUN_BY_LOG")))
     return here
-
-
-def probed(launcher: str, np: int, run_dir: Path, script: str, probe_args=()):
-    """The command that runs `script` under the probe through `launcher`, as the comparison starts it."""
-    return launch_layer.get(launcher).command(np, ["--run-dir", str(run_dir), *probe_args, script, *SCRIPT_ARGS],
-                                              module="common.probe", python=PY)
-
-
-def probe_run(folder: Path, launcher: str, script: str, np: int = 2) -> Path:
-    """One script run under the probe through its launcher: its run directory."""
-    run_dir = folder / "probed" / Path(script).stem
-    result = run_cmd(probed(launcher, np, run_dir, script), timeout=300, cwd=folder)
-    assert result.returncode == 0, result.output[-3000:]
-    return run_dir
 
 
 #: the faithful comparison's noise floor at 3 ranks: disturbances 1 (away from zero) and 2 (toward zero). Its band and
@@ -103,8 +80,9 @@ def faithful(folder):
     before)."""
     before = {p.name: sha256(p) for p in folder.iterdir() if p.is_file()}
     out = folder / "compare"
-    result = compare("--scripts", "train_horovod.py", "train_ddp.py", "--np", "2,3", "--hvd-controllers", "gloo",
-                     "--repeats", "1", "--floor-runs", FLOOR_RUNS, "--out", out, "--", *SCRIPT_ARGS, cwd=folder)
+    result = compare_backends("--scripts", "train_horovod.py", "train_ddp.py", "--np", "2,3", "--hvd-controllers",
+                              "gloo", "--repeats", "1", "--floor-runs", FLOOR_RUNS, "--out", out, "--", *SCRIPT_ARGS,
+                              cwd=folder)
     assert result.returncode == 0, result.output[-4000:]
     return json.loads((out / SUMMARY_FILE).read_text()), out, before
 
@@ -253,7 +231,9 @@ def test_what_the_probe_cannot_follow_is_refused_in_one_line(folder, script, say
             "    (scale ** 2).sum().backward(); other.step()\n"
             "    for epoch in range(1, args.epochs + 1):")))
     # one rank: each process of a job finds what the probe cannot follow on its own
-    result = run_cmd(probed("torchrun", 1, folder / "refused" / script, script), timeout=300, cwd=folder)
+    # as the comparison starts it (the folder holds the user's own common.py: common.launch.userscript)
+    result = run_cmd(probed("torchrun", 1, folder / "refused" / script, script), timeout=300, cwd=folder,
+                     env=safe_path_env({}))
     assert result.returncode != 0
     lines = [line for line in result.output.splitlines() if "probe: error:" in line]
     assert lines and all(says in line for line in lines), result.output[-3000:]
