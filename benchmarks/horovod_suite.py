@@ -1,0 +1,433 @@
+"""Horovod's own test suite and examples, from a Horovod checkout, on the project's Horovod API and on real Horovod,
+side by side, test by test.
+
+    python -m benchmarks.horovod_suite --horovod PATH/TO/horovod --np 2,3
+    python -m benchmarks.horovod_suite --horovod PATH/TO/horovod --np 2 --runs api --no-examples
+
+The suite is the checkout's test/parallel/test_torch.py (its test/utils/common.py imports `mock`: pip install mock).
+For each world size it runs under:
+
+- api:          torchrun --nproc-per-node N -m ddp_train.horovod_api -m pytest test_torch.py ...
+- horovod-mpi:  horovodrun -np N --mpi python -m pytest test_torch.py ... (Horovod's MPI controller)
+- horovod-gloo: horovodrun -np N --gloo python -m pytest test_torch.py::TorchTests::TEST, one launch per test:
+                under horovodrun --gloo the suite shuts Horovod down after every test and initializes it again,
+                which aborts Horovod 0.28.1's Gloo controller, so each test gets a fresh launch
+
+Every test runs under a time limit (pytest-timeout, --test-timeout). A launch that makes no progress for that long
+and --hang-grace more (a rank blocked inside Horovod's C++, which pytest-timeout cannot interrupt) is stopped: the
+test that was running is recorded as hung, and the suite continues with the tests after it in a new launch; a
+launch that dies in a test records it as crashed and continues the same way. Each rank's outcome of each test is
+written as it happens by a small pytest plugin (so nothing is lost when a launch is stopped). A test passes when it
+passed on every rank. The API runs with HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (--api-stall-s) below the time limit,
+so that a collective some ranks never join fails with its stall error rather than the time limit.
+
+The examples (unless --no-examples), with their checkout's scripts unchanged: pytorch_mnist.py on small MNIST files
+written here, real Horovod (horovodrun --gloo) against the API at each world size, compared by their final weights
+(a helper runs the script and saves the weights of the model its DistributedOptimizer trains);
+pytorch_synthetic_benchmark.py and pytorch_imagenet_resnet50.py (on a small ImageFolder written here) on the API.
+
+Writes DIR/horovod_suite.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from common import launch
+from common.compare import tables
+from common.compare.arguments import world_sizes
+
+from .jobs import add_out, job_env, run_cli
+from .machine import Record, publish
+
+RUNS = ("api", "horovod-mpi", "horovod-gloo")
+LAUNCHERS = {"api": "torchrun", "horovod-mpi": "horovodrun-mpi", "horovod-gloo": "horovodrun-gloo"}
+API_MODULE = "ddp_train.horovod_api"
+PLUGIN = "horovod_suite_report"
+#: the pytest plugin that writes each rank's events, one JSON line each, to $HOROVOD_SUITE_REPORT/rank<R>.jsonl
+PLUGIN_SOURCE = textwrap.dedent('''
+    import json, os
+
+    def _rank():
+        for name in ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK"):
+            if os.environ.get(name, "").isdigit():
+                return int(os.environ[name])
+        return 0
+
+    def _write(event):
+        folder = os.environ["HOROVOD_SUITE_REPORT"]
+        with open(os.path.join(folder, "rank%d.jsonl" % _rank()), "a") as out:
+            out.write(json.dumps(event) + "\\n")
+
+    def pytest_runtest_logstart(nodeid, location):
+        _write({"test": nodeid, "event": "start"})
+
+    def pytest_runtest_logreport(report):
+        message = ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            message = str(report.longrepr[2])
+        elif report.failed:
+            message = (getattr(report, "longreprtext", "") or "").strip().splitlines()[-1:] or [""]
+            message = message[0][-500:]
+        _write({"test": report.nodeid, "event": report.when, "outcome": report.outcome, "message": message})
+
+    def pytest_runtest_logfinish(nodeid, location):
+        _write({"test": nodeid, "event": "finish"})
+''')
+
+
+@dataclass
+class Outcome:
+    """A test's outcome in one run: passed / failed / skipped on every rank, or hung / crashed / not run."""
+
+    outcome: str
+    ranks: List[str] = field(default_factory=list)
+    message: str = ""
+    seconds: Optional[float] = None
+
+
+def suite_tests(test_file: Path) -> List[str]:
+    """The suite's tests in the order pytest runs them: unittest methods of each TestCase, sorted by name."""
+    tree = ast.parse(test_file.read_text())
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names = sorted(n.name for n in node.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test"))
+            found += [f"{test_file.name}::{node.name}::{name}" for name in names]
+    return found
+
+
+def rank_outcome(events: List[Dict]) -> str:
+    """One rank's outcome of one test from its reports (setup, call, teardown)."""
+    phases = {e["event"]: e for e in events if e["event"] in ("setup", "call", "teardown")}
+    if any(p["outcome"] == "skipped" for p in phases.values()):
+        return "skipped"
+    if phases.get("teardown", {}).get("outcome") == "failed" and phases.get("call", {}).get("outcome") == "passed":
+        return "error"
+    if any(p["outcome"] == "failed" for p in phases.values()):
+        return "failed"
+    return "passed" if "call" in phases else "not run"
+
+
+def combine(per_rank: Dict[int, List[Dict]], np: int) -> Outcome:
+    """A test's outcome over the ranks: what every rank agrees on, else failed (the first failure's message)."""
+    outcomes = [rank_outcome(per_rank.get(rank, [])) for rank in range(np)]
+    messages = [e.get("message", "") for rank in range(np) for e in per_rank.get(rank, []) if e.get("message")]
+    starts = [e for rank in range(np) for e in per_rank.get(rank, []) if e["event"] == "start"]
+    agreed = outcomes[0] if len(set(outcomes)) == 1 else ("failed" if "failed" in outcomes else outcomes[0])
+    return Outcome(agreed, outcomes, messages[0] if messages else "", None if not starts else 0.0)
+
+
+def read_events(folder: Path) -> Dict[str, Dict[int, List[Dict]]]:
+    """test -> rank -> its events, from the plugin's files."""
+    found: Dict[str, Dict[int, List[Dict]]] = {}
+    for path in sorted(folder.glob("rank*.jsonl")):
+        rank = int(path.stem[4:])
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            found.setdefault(event["test"], {}).setdefault(rank, []).append(event)
+    return found
+
+
+def command(label: str, np: int, pytest_args: Sequence[str]) -> List[str]:
+    """The launch of pytest on `np` ranks: under the API's module through torchrun, else under horovodrun."""
+    launcher = launch.get(LAUNCHERS[label])
+    if label == "api":
+        return launcher.command(np, ["-m", "pytest", *pytest_args], module=API_MODULE, python=sys.executable)
+    return launcher.command(np, list(pytest_args), module="pytest", python=sys.executable)
+
+
+@dataclass
+class Suite:
+    """One run of the suite: which tests, where, how long each may take."""
+
+    label: str
+    np: int
+    folder: Path  # test/parallel of the checkout
+    tests: List[str]
+    test_timeout: float
+    hang_grace: float
+    api_stall_s: float
+    work: Path
+    commands: List[str] = field(default_factory=list)
+
+    def env(self, report: Path, plugin_dir: Path) -> Dict[str, Optional[str]]:
+        extra: Dict[str, Optional[str]] = {
+            "HOROVOD_SUITE_REPORT": str(report), "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(plugin_dir), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        if self.label == "api":
+            extra["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(self.api_stall_s)
+        return extra
+
+    def pytest_args(self, tests: Sequence[str]) -> List[str]:
+        return [*tests, "-p", "no:cacheprovider", "-p", PLUGIN, "-q", "-o", "addopts=", "--rootdir",
+                str(self.folder), "--timeout", f"{self.test_timeout:g}"]
+
+    def launch_once(self, tests: Sequence[str], report: Path, plugin_dir: Path, log: Path) -> bool:
+        """Run `tests` in one launch until it ends or stops making progress: whether it was stopped as hung."""
+        cmd = command(self.label, self.np, self.pytest_args(tests))
+        self.commands.append(" ".join(cmd))
+        env = job_env(self.env(report, plugin_dir))
+        job = launch.Job(cmd, env=env, cwd=self.folder, log=log)
+        last_size, last_change = -1, time.monotonic()
+        with job:
+            while job.poll() is None:
+                time.sleep(1.0)
+                size = sum(p.stat().st_size for p in report.glob("rank*.jsonl"))
+                if size != last_size:
+                    last_size, last_change = size, time.monotonic()
+                elif time.monotonic() - last_change > self.test_timeout + self.hang_grace:
+                    job.stop()
+                    return True
+            job.wait()
+        return False
+
+    def run(self, plugin_dir: Path, one_per_test: bool) -> Dict[str, Outcome]:
+        """Every test's outcome, resuming after a hung or crashed test."""
+        results: Dict[str, Outcome] = {}
+        remaining = list(self.tests)
+        launches = 0
+        while remaining:
+            batch = remaining[:1] if one_per_test else remaining
+            report = self.work / f"{self.label}-{self.np}-{launches}"
+            shutil.rmtree(report, ignore_errors=True)
+            report.mkdir(parents=True)
+            started = time.monotonic()
+            hung = self.launch_once([f"{t}" for t in batch], report, plugin_dir,
+                                    self.work / "logs" / f"{self.label}-{self.np}-{launches}.log")
+            launches += 1
+            events = read_events(report)
+            done = [t for t in batch if t in events and all(
+                any(e["event"] == "finish" for e in events[t].get(rank, [])) for rank in range(self.np))]
+            for test in done:
+                results[test] = combine(events[test], self.np)
+            unfinished = [t for t in batch if t not in done]
+            if unfinished:
+                culprit = next((t for t in unfinished if t in events), unfinished[0])
+                results[culprit] = Outcome("hung" if hung else "crashed",
+                                           [rank_outcome(events.get(culprit, {}).get(r, [])) for r in range(self.np)],
+                                           "stopped: no progress" if hung else "the launch ended inside this test",
+                                           time.monotonic() - started if one_per_test else None)
+                remaining = unfinished[unfinished.index(culprit) + 1:]
+            else:
+                remaining = remaining[len(batch):]
+            print(f"horovod_suite: {self.label} at {self.np}: {len(results)}/{len(self.tests)} tests", flush=True)
+        return results
+
+
+def counts(results: Dict[str, Outcome]) -> Dict[str, int]:
+    found: Dict[str, int] = {}
+    for outcome in results.values():
+        found[outcome.outcome] = found.get(outcome.outcome, 0) + 1
+    return found
+
+
+# --- the examples ------------------------------------------------------------------------------------------------
+#: runs a script as python would, then rank 0 saves the parameters its (last) DistributedOptimizer trained
+SAVER_SOURCE = textwrap.dedent('''
+    import atexit, runpy, sys
+    import torch
+    import horovod.torch as hvd
+
+    script, out = sys.argv[1], sys.argv[2]
+    wrapped = []
+    make = hvd.DistributedOptimizer
+
+    def capture(optimizer, *args, **kwargs):
+        wrapped.append(make(optimizer, *args, **kwargs))
+        return wrapped[-1]
+
+    def save():
+        if wrapped and hvd.rank() == 0:
+            torch.save([p.detach().clone() for g in wrapped[-1].param_groups for p in g["params"]], out)
+
+    hvd.DistributedOptimizer = capture
+    atexit.register(save)
+    sys.argv = [script, *sys.argv[3:]]
+    sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+''')
+
+
+def write_mnist(root: Path, train: int, test: int, seed: int = 0) -> None:
+    """root/MNIST/raw/*-ubyte in the idx format torchvision reads."""
+    rng = np.random.default_rng(seed)
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for prefix, n in (("train", train), ("t10k", test)):
+        images, labels = rng.integers(0, 256, (n, 28, 28)), rng.integers(0, 10, n)
+        for kind, array in (("images-idx3", images), ("labels-idx1", labels)):
+            header = struct.pack(">BBBB", 0, 0, 8, array.ndim) + b"".join(struct.pack(">I", d) for d in array.shape)
+            (raw / f"{prefix}-{kind}-ubyte").write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def write_imagefolder(root: Path, classes: int, per_class: int, seed: int = 0) -> None:
+    """root/{train,val}/<class>/<i>.png."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for split in ("train", "val"):
+        for c in range(classes):
+            folder = root / split / f"n{c:08d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                Image.fromarray(rng.integers(0, 256, (64, 72, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+
+
+def script_command(label: str, np: int, script: Path, args: Sequence[str]) -> List[str]:
+    """A script run unchanged: under the API's module through torchrun, or by python under horovodrun --gloo."""
+    launcher = launch.get(LAUNCHERS[label])
+    if label == "api":
+        return launcher.command(np, [str(script), *args], module=API_MODULE, python=sys.executable)
+    cmd = launcher.command(np, list(args), python=sys.executable)
+    at = cmd.index("-m")
+    return cmd[:at] + [str(script)] + cmd[at + 2:]
+
+
+def run_example(cmd: List[str], cwd: Path, log: Path, timeout_s: float) -> Dict:
+    result = launch.run(cmd, timeout=timeout_s, env=job_env({"OMP_NUM_THREADS": "1"}), cwd=cwd, log=log)
+    return {"command": " ".join(cmd), "returncode": result.returncode, "timed_out": result.timed_out,
+            "seconds": round(result.seconds, 1), "tail": "" if result.returncode == 0 else result.output[-1500:]}
+
+
+def compare_weights(a: Path, b: Path) -> Dict:
+    import torch
+
+    if not (a.exists() and b.exists()):
+        return {"compared": False}
+    left, right = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    bitwise = len(left) == len(right) and all(torch.equal(x, y) for x, y in zip(left, right, strict=True))
+    norm = sum(float((x.double() - y.double()).norm() ** 2) for x, y in zip(left, right, strict=True)) ** 0.5
+    scale = sum(float(x.double().norm() ** 2) for x in left) ** 0.5
+    return {"compared": True, "bitwise_equal": bitwise, "relative_difference": norm / scale if scale else None}
+
+
+def examples(checkout: Path, sizes: Sequence[int], work: Path, timeout_s: float) -> Dict:
+    """Horovod's example scripts, unchanged, on the API (and pytorch_mnist.py against real Horovod)."""
+    scripts = checkout / "examples" / "pytorch"
+    work.mkdir(parents=True, exist_ok=True)
+    saver = work / "run_and_save.py"
+    saver.write_text(SAVER_SOURCE)
+    data = work / "mnist"
+    write_mnist(data, train=512, test=128)
+    out: Dict = {"pytorch_mnist": {}}
+    mnist_args = ["--epochs", "1", "--batch-size", "32", "--data-dir", str(data), "--no-cuda"]
+    for ranks in sizes:
+        saved = {}
+        for label in ("horovod-gloo", "api"):
+            weights = work / f"mnist-{label}-{ranks}.pt"
+            cmd = script_command(label, ranks, saver, [str(scripts / "pytorch_mnist.py"), str(weights), *mnist_args])
+            out["pytorch_mnist"].setdefault(str(ranks), {})[label] = run_example(
+                cmd, work, work / "logs" / f"mnist-{label}-{ranks}.log", timeout_s)
+            saved[label] = weights
+        out["pytorch_mnist"][str(ranks)]["weights"] = compare_weights(saved["horovod-gloo"], saved["api"])
+    synthetic = ["--model", "resnet18", "--batch-size", "8", "--no-cuda", "--num-warmup-batches", "1",
+                 "--num-batches-per-iter", "1", "--num-iters", "2"]
+    out["pytorch_synthetic_benchmark"] = run_example(
+        script_command("api", 2, scripts / "pytorch_synthetic_benchmark.py", synthetic), work,
+        work / "logs" / "synthetic.log", timeout_s)
+    images = work / "imagefolder"
+    write_imagefolder(images, classes=2, per_class=4)
+    imagenet = ["--train-dir", str(images / "train"), "--val-dir", str(images / "val"), "--epochs", "1",
+                "--batch-size", "2", "--val-batch-size", "2", "--no-cuda", "--log-dir", str(work / "tb"),
+                "--checkpoint-format", str(work / "checkpoint-{epoch}.pth.tar")]
+    out["pytorch_imagenet_resnet50"] = run_example(
+        script_command("api", 2, scripts / "pytorch_imagenet_resnet50.py", imagenet), work,
+        work / "logs" / "imagenet.log", timeout_s)
+    out["pytorch_imagenet_resnet50"]["checkpoint_written"] = (work / "checkpoint-1.pth.tar").exists()
+    return out
+
+
+def revision(checkout: Path) -> Optional[str]:
+    try:
+        done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=20)
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
+def table(report: Dict) -> str:
+    rows = []
+    for run in report["runs"]:
+        c = run["counts"]
+        rows.append([run["label"], run["np"], c.get("passed", 0), c.get("failed", 0) + c.get("error", 0),
+                     c.get("skipped", 0), c.get("hung", 0), c.get("crashed", 0), f"{run['seconds']:.0f}"])
+    return tables.text(["run", "ranks", "passed", "failed", "skipped", "hung", "crashed", "seconds"], rows)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.horovod_suite", description=__doc__, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--horovod", type=Path, required=True, help="a Horovod checkout (its test/ and examples/)")
+    p.add_argument("--np", type=world_sizes, default=[2, 3], help="world sizes, e.g. 2,3")
+    p.add_argument("--runs", default=",".join(RUNS), help=f"which of {', '.join(RUNS)}")
+    p.add_argument("--test-timeout", type=float, default=60.0, help="seconds one test may take")
+    p.add_argument("--hang-grace", type=float, default=60.0, help="more seconds without progress before a launch "
+                                                                  "is stopped as hung")
+    p.add_argument("--api-stall-s", type=float, default=20.0, help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS of the API")
+    p.add_argument("--no-examples", action="store_true", help="skip the example scripts")
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "horovod_suite",
+                   help="reports, logs and data (not kept)")
+    add_out(p, "where horovod_suite.json goes")
+    args = p.parse_args(argv)
+    test_file = args.horovod / "test" / "parallel" / "test_torch.py"
+    labels = [label.strip() for label in args.runs.split(",") if label.strip()]
+    problem = None
+    if not test_file.is_file():
+        problem = f"{test_file}: no such file; give the folder of a Horovod checkout (git clone of horovod/horovod)"
+    elif any(label not in RUNS for label in labels):
+        problem = f"--runs takes {', '.join(RUNS)}"
+    elif importlib.util.find_spec("mock") is None:
+        problem = "Horovod's test/utils/common.py imports mock: pip install mock"
+    if problem:
+        print(f"benchmarks.horovod_suite: error: {problem}", file=sys.stderr)
+        return 2
+    record = Record("horovod_suite", argv)
+    plugin_dir = args.work / "plugin"
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    (plugin_dir / f"{PLUGIN}.py").write_text(PLUGIN_SOURCE)
+    tests = suite_tests(test_file)
+    runs: List[Dict] = []
+    per_test: Dict[str, Dict] = {test: {} for test in tests}
+    for ranks in args.np:
+        for label in labels:
+            suite = Suite(label, ranks, test_file.parent, tests, args.test_timeout, args.hang_grace,
+                          args.api_stall_s, args.work)
+            started = time.monotonic()
+            results = suite.run(plugin_dir, one_per_test=label == "horovod-gloo")
+            seconds = time.monotonic() - started
+            runs.append({"label": label, "np": ranks, "counts": counts(results), "seconds": seconds,
+                         "launches": len(suite.commands), "command": suite.commands[0] if suite.commands else None})
+            for test, outcome in results.items():
+                per_test[test][f"{label}@{ranks}"] = asdict(outcome)
+    report = {**record.header(), "horovod_checkout": str(args.horovod), "horovod_revision": revision(args.horovod),
+              "test_file": "test/parallel/test_torch.py", "tests": len(tests), "test_timeout_s": args.test_timeout,
+              "hang_grace_s": args.hang_grace, "api_stall_shutdown_s": args.api_stall_s, "runs": runs,
+              "results": per_test, "failures": []}
+    if not args.no_examples:
+        report["examples"] = examples(args.horovod, args.np, args.work / "examples", timeout_s=900)
+    return publish(report, args.out / "horovod_suite.json", table(report))
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, "benchmarks.horovod_suite"))

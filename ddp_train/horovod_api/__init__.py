@@ -1,0 +1,43 @@
+"""Horovod's torch API on torch.distributed: a Horovod script runs unchanged, without Horovod.
+
+    torchrun --nproc-per-node 2 -m ddp_train.horovod_api train_horovod.py --epochs 1
+    torchrun --nproc-per-node 2 -m ddp_train.horovod_api -m pytest test_torch.py
+
+`install()` makes `import horovod` and `import horovod.torch` in this process resolve to the API (also registered
+as the `hvd_ddp_compare.apis` entry point `horovod`, which the probe uses). docs/horovod-api.md is the manual.
+
+The modules, each owning one thing:
+    aliases         Horovod's module names in sys.modules, and the refusal of the others
+    torch_api       the module a script gets as horovod.torch
+    runtime         init / shutdown, ranks and hosts, the process groups, the coordinator and engine
+    coordinator     rank 0: which collectives every rank asked for, their order, fusion, errors, stalls
+    checks          Horovod's cross-rank checks and messages
+    engine          each rank: requests out, responses run in order
+    execute         the data of each collective on torch.distributed
+    arithmetic      Horovod's scaling (pre/postscale, Average), reducescatter and alltoall splits
+    messages        requests, responses and their framing on a socket
+    settings        the Horovod environment variables honoured
+    handles         handles, poll, synchronize
+    ops             the collectives (allreduce ... barrier) and their gradients
+    process_sets    ProcessSet and the sets that exist; sets: adding and removing them
+    objects         broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
+    optimizer       DistributedOptimizer
+    compression     Compression.none / fp16
+    sync_batch_norm SyncBatchNorm (CPU and CUDA)
+    elastic         hvd.elastic on torchrun's restarts
+    timeline        the timeline (a Chrome trace of the collectives)
+    threads         horovod.runner.util.threads.in_thread
+    dtypes, errors  Horovod's types, ops, exceptions and messages
+"""
+
+from __future__ import annotations
+
+
+def install() -> None:
+    """`import horovod`, `import horovod.torch` (and the other horovod.* modules the API offers) now give the API in
+    this process; any other horovod.* import fails with one line naming what is offered. Imports everything the API
+    needs; idempotent."""
+    from . import aliases, runtime
+
+    aliases.install()
+    runtime.export_placement()

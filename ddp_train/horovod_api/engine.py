@@ -1,0 +1,264 @@
+"""Each rank's engine: sends its requests to the coordinator as the script makes them, and runs the coordinator's
+responses, in their order, on a thread of its own, so that the script's thread only waits when it asks for a result
+(synchronize) and a DistributedOptimizer's allreduces run while backward computes.
+
+A rank takes part in every response sent to it, even one whose tensor it no longer holds (a joined rank adds zeros),
+so that no other rank waits on it; a response it cannot run, or a coordinator that went away, fails what waits."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Set, Tuple
+
+import torch
+
+from . import execute
+from .dtypes import DTYPES
+from .errors import DUPLICATE_NAME, SHUT_DOWN, HorovodInternalError
+from .handles import Handle
+from .messages import (ADD_SET, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, ERROR, JOIN, REDUCESCATTER,
+                       REMOVE_SET, Channel, Request, Response, read_responses, requests_message)
+
+Key = Tuple[int, int, str]
+#: seconds without a word from the coordinator after which a rank that waits gives up on it
+COORDINATOR_SILENCE_S = 60.0
+
+
+@dataclass
+class Entry:
+    """This rank's part in one collective: its request, the handle (and place in it) its result completes, and its
+    tensors (`output` is the tensor written in place, where the call has one)."""
+
+    request: Request
+    handle: Handle
+    index: int = 0
+    tensor: Optional[torch.Tensor] = None
+    output: Optional[torch.Tensor] = None
+    splits_device: Optional[torch.device] = None  # alltoall: where the received splits go
+    ready: Optional[Tuple[int, torch.cuda.Event]] = None  # CUDA: (device, event) once the tensor's producer finished
+
+
+class Engine:
+    """Requests out, responses in and run. `communicator(gen, ps)` gives a process set's Communicator;
+    `on_set(response)` registers a process set the coordinator added or removed; `join_device()` is where this
+    rank's zeros go while it has joined."""
+
+    def __init__(self, channel: Channel, rank: int, communicator: Callable[[int, int], execute.Communicator],
+                 on_set: Callable[[Response], None], join_device: Callable[[], int], silence_s: float,
+                 on_event: Optional[Callable[[str, str, bool], None]] = None) -> None:
+        self.channel = channel
+        self.rank = rank
+        self.communicator = communicator
+        self.on_set = on_set
+        self.join_device = join_device
+        self.silence_s = silence_s
+        self.on_event = on_event
+        self.table: Dict[Key, Entry] = {}
+        self.lock = threading.Lock()
+        self.responses: "queue.Queue[Optional[Response]]" = queue.Queue()
+        self.broken: Optional[str] = None
+        self.closed: Set[int] = set()  # generations shut down (by any rank's hvd.shutdown())
+        self.heard = time.monotonic()
+        self.unrun = 0  # responses received and not yet run
+        self._reader = threading.Thread(target=self._read, name="horovod_api-reader", daemon=True)
+        self._runner = threading.Thread(target=self._run, name="horovod_api-engine", daemon=True)
+
+    def start(self) -> None:
+        self.channel.send({"type": "hello", "rank": self.rank})
+        self._reader.start()
+        self._runner.start()
+
+    # --- the script's side -----------------------------------------------------------------------------------
+    def submit(self, entries: List[Entry]) -> None:
+        """Register this rank's parts and ask the coordinator for them; ValueError (Horovod's) for a name still in
+        flight."""
+        if self.broken is not None:
+            raise HorovodInternalError(self.broken)
+        with self.lock:
+            keys = [(e.request.gen, e.request.ps, e.request.name) for e in entries]
+            if any(key in self.table for key in keys) or len(set(keys)) < len(keys):
+                raise ValueError(DUPLICATE_NAME)
+            for key, entry in zip(keys, entries, strict=True):
+                self.table[key] = entry
+        try:
+            self.channel.send(requests_message([e.request for e in entries]))
+        except OSError:
+            self._break(f"{SHUT_DOWN} (rank 0, which coordinates the collectives, is gone)")
+
+    def trouble(self) -> Optional[str]:
+        """Why what waits can no longer complete: the engine broke, or the coordinator went silent."""
+        if self.broken is not None:
+            return self.broken
+        if self.silence_s > 0 and time.monotonic() - self.heard > self.silence_s:
+            self._break(f"{SHUT_DOWN} (no word from rank 0, which coordinates the collectives, for "
+                        f"{self.silence_s:g} s: it stopped or its host is unreachable)")
+            return self.broken
+        return None
+
+    def finished(self, gen: int) -> bool:
+        """Generation `gen` is shut down here and nothing of it remains to run."""
+        with self.lock:
+            return gen in self.closed and self.unrun == 0
+
+    def send(self, message: Dict) -> None:
+        """A control message to the coordinator (leave, bye); nothing if it is gone."""
+        try:
+            self.channel.send(message)
+        except OSError:
+            pass
+
+    # --- the engine's side -----------------------------------------------------------------------------------
+    def _read(self) -> None:
+        while True:
+            message = self.channel.recv()
+            if message is None:
+                self._break(f"{SHUT_DOWN} (rank 0, which coordinates the collectives, is gone)")
+                self.responses.put(None)
+                return
+            self.heard = time.monotonic()
+            if message["type"] == "closed":
+                self._close(int(message["gen"]))
+            elif message["type"] == "responses":
+                for response in read_responses(message):
+                    with self.lock:
+                        self.unrun += 1
+                    self.responses.put(response)
+
+    def _close(self, gen: int) -> None:
+        """A generation was shut down (by any rank): what this rank still waits for in it fails. The responses of it
+        already received still run (the other ranks take part in them), with stand-ins for what failed here."""
+        with self.lock:
+            self.closed.add(gen)
+            keys = [key for key in self.table if key[0] == gen]
+            entries = [self.table.pop(key) for key in keys]
+        for entry in entries:
+            entry.handle.fail(SHUT_DOWN)
+
+    def _break(self, message: str) -> None:
+        """Nothing more can run: fail everything that waits, and everything asked from now on."""
+        with self.lock:
+            if self.broken is None:
+                self.broken = message
+            entries, self.table = list(self.table.values()), {}
+        for entry in entries:
+            entry.handle.fail(self.broken)
+
+    def _run(self) -> None:
+        while True:
+            response = self.responses.get()
+            if response is None:
+                return
+            try:
+                self._execute(response)
+            except Exception as exc:  # a collective of torch.distributed failed: its groups are unusable now
+                self._break(f"{SHUT_DOWN} ({type(exc).__name__}: {exc})")
+            finally:
+                with self.lock:
+                    self.unrun -= 1
+
+    def _take(self, response: Response) -> List[Optional[Entry]]:
+        with self.lock:
+            return [self.table.pop((response.gen, response.ps, name), None) for name in response.names]
+
+    def _execute(self, response: Response) -> None:
+        entries = self._take(response)
+        if response.kind == ERROR:
+            for entry in entries:
+                if entry is not None:
+                    entry.handle.fail(response.error)
+            return
+        if self.broken is not None:
+            for entry in entries:
+                if entry is not None:
+                    entry.handle.fail(self.broken)
+            return
+        if response.kind == JOIN:
+            for entry in entries:
+                if entry is not None:
+                    entry.handle.set_result(entry.index, response.value)
+            return
+        if response.kind in (ADD_SET, REMOVE_SET):
+            self.on_set(response)
+            for entry in entries:
+                if entry is not None:
+                    entry.handle.set_result(entry.index, response.value)
+            return
+        comm = self.communicator(response.gen, response.ps)
+        for entry in entries:
+            if entry is not None and entry.ready is not None:
+                torch.cuda.current_stream(entry.ready[0]).wait_event(entry.ready[1])
+        if self.on_event:
+            for name in response.names:
+                self.on_event(name, response.kind, True)
+        results = self._dispatch(response, entries, comm)
+        if self.on_event:
+            for name in response.names:
+                self.on_event(name, "", False)
+        for entry, result in zip(entries, results, strict=True):
+            if entry is not None:
+                event = None
+                device = execute.cuda_device(result if isinstance(result, torch.Tensor) else entry.output)
+                if device is not None:
+                    done = torch.cuda.Event()
+                    done.record(torch.cuda.current_stream(device))
+                    event = (device, done)
+                entry.handle.set_result(entry.index, result, event)
+
+    def _stand_in(self, response: Response, index: int) -> torch.Tensor:
+        """Zeros of the shape the response names, for a part this rank does not hold."""
+        device = response.device
+        if device >= 0:  # zeros on this rank's own device (the one it joined with, else its current one)
+            device = self.join_device() if self.join_device() >= 0 else torch.cuda.current_device()
+        shape = response.shapes[index] if index < len(response.shapes) else []
+        return execute.placeholder(shape, DTYPES[response.dtype], device)
+
+    def _dispatch(self, response: Response, entries: List[Optional[Entry]], comm: execute.Communicator) -> List:
+        kind = response.kind
+        if kind == BARRIER:
+            execute.barrier(comm)
+            return [None] * len(entries)
+        if kind == ALLREDUCE:
+            inputs, outputs = [], []
+            for i, entry in enumerate(entries):
+                if entry is None or entry.tensor is None or entry.output is None:
+                    zeros = self._stand_in(response, i)
+                    inputs.append(zeros)
+                    outputs.append(zeros)
+                else:
+                    inputs.append(entry.tensor)
+                    outputs.append(entry.output)
+            execute.allreduce(response, inputs, outputs, comm)
+            return outputs
+        entry = entries[0]
+        tensor = entry.tensor if entry is not None and entry.tensor is not None else self._participation(response,
+                                                                                                          comm)
+        if kind == BROADCAST:
+            output = entry.output if entry is not None and entry.output is not None else tensor
+            if output.data_ptr() != tensor.data_ptr():
+                output.copy_(tensor)
+            execute.broadcast(response, output, comm)
+            return [output]
+        if kind == ALLGATHER:
+            return [execute.allgather(response, tensor, comm)]
+        if kind == REDUCESCATTER:
+            return [execute.reducescatter(response, tensor, comm)]
+        if kind == ALLTOALL:
+            output, received = execute.alltoall(response, tensor, comm)
+            where = entry.splits_device if entry is not None and entry.splits_device is not None else None
+            splits = torch.tensor(received, dtype=torch.int32, device=where)
+            return [(output, splits)]
+        raise ValueError(f"unknown response {kind}")
+
+    def _participation(self, response: Response, comm: execute.Communicator) -> torch.Tensor:
+        """A tensor of the right size for a collective this rank must take part in without holding its tensor (it
+        shut down meanwhile): what it sends is never read by a caller."""
+        shape = list(response.shapes[0]) if response.shapes else []
+        if response.kind == ALLGATHER and shape:
+            shape[0] = response.sizes[0][comm.set_rank]
+        if response.kind == ALLTOALL and shape:
+            shape[0] = sum(response.splits[comm.set_rank])
+        return execute.placeholder(shape, DTYPES[response.dtype], response.device)
+

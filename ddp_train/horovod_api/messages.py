@@ -1,0 +1,144 @@
+"""What the ranks and the coordinator tell each other: a rank's request to take part in a named collective, the
+coordinator's response once every rank of the process set asked (what to run, or the error), and the framing of
+both on a socket (length-prefixed JSON of these dataclasses' fields: plain data, nothing of the API pickled)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+# The kinds of collectives (Horovod's Request::RequestType names), and the API's own control kinds.
+ALLREDUCE, ALLGATHER, BROADCAST, JOIN, ADASUM = "ALLREDUCE", "ALLGATHER", "BROADCAST", "JOIN", "ADASUM"
+ALLTOALL, BARRIER, REDUCESCATTER = "ALLTOALL", "BARRIER", "REDUCESCATTER"
+ADD_SET, REMOVE_SET, ERROR = "ADD_PROCESS_SET", "REMOVE_PROCESS_SET", "ERROR"
+#: the kinds that reduce, and so check scale factors
+REDUCING = (ALLREDUCE, ADASUM, REDUCESCATTER)
+
+
+@dataclass
+class Request:
+    """One rank's part in one named collective of a process set, within one init() of the API (`gen`)."""
+
+    rank: int
+    gen: int
+    ps: int
+    name: str
+    kind: str
+    dtype: str = ""
+    shape: List[int] = field(default_factory=list)
+    device: int = -1
+    op: int = 1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    root: int = -1
+    splits: List[int] = field(default_factory=list)  # alltoall: rows to each rank of the set
+    group: str = ""  # a grouped collective's base name: its tensors are answered together
+    group_size: int = 0
+    checked: bool = False  # a DistributedOptimizer's gradient whose shape and type every rank matched before
+    ranks: List[int] = field(default_factory=list)  # a process set added or removed: its ranks (its id: root)
+
+
+@dataclass
+class Response:
+    """What the ranks of a process set run next, in the same order on every rank (`seq`), or the error of it."""
+
+    seq: int
+    gen: int
+    ps: int
+    kind: str
+    names: List[str]
+    error: str = ""
+    dtype: str = ""
+    device: int = -1
+    op: int = 1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    root: int = -1
+    shapes: List[List[int]] = field(default_factory=list)  # per name
+    sizes: List[List[int]] = field(default_factory=list)  # per name: first dimension of each rank's tensor
+    splits: List[List[int]] = field(default_factory=list)  # alltoall: rows sent by rank i to rank j
+    joined: List[int] = field(default_factory=list)  # ranks that joined: they add zeros
+    value: int = -1  # join: the rank that joined last; a new process set: its id
+    ranks: List[int] = field(default_factory=list)  # a new process set: its ranks
+
+
+def encode(message: Dict[str, Any]) -> bytes:
+    """One frame: 4 bytes of length, then the JSON."""
+    body = json.dumps(message, separators=(",", ":")).encode()
+    return struct.pack("!I", len(body)) + body
+
+
+def requests_message(requests: List[Request]) -> Dict[str, Any]:
+    return {"type": "requests", "requests": [asdict(r) for r in requests]}
+
+
+def responses_message(responses: List[Response]) -> Dict[str, Any]:
+    return {"type": "responses", "responses": [asdict(r) for r in responses]}
+
+
+def read_requests(message: Dict[str, Any]) -> List[Request]:
+    return [Request(**r) for r in message["requests"]]
+
+
+def read_responses(message: Dict[str, Any]) -> List[Response]:
+    return [Response(**r) for r in message["responses"]]
+
+
+class Channel:
+    """A socket carrying frames both ways: sends from any thread (one at a time), receives from one."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self._send_lock = threading.Lock()
+        self._buffer = b""
+
+    def send(self, message: Dict[str, Any]) -> None:
+        frame = encode(message)
+        with self._send_lock:
+            self.sock.sendall(frame)
+
+    def recv(self) -> Optional[Dict[str, Any]]:
+        """The next message, or None once the other end closed."""
+        while True:
+            if len(self._buffer) >= 4:
+                (length,) = struct.unpack("!I", self._buffer[:4])
+                if len(self._buffer) >= 4 + length:
+                    body, self._buffer = self._buffer[4:4 + length], self._buffer[4 + length:]
+                    return json.loads(body)
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            self._buffer += chunk
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class FrameReader:
+    """Frames arriving on a non-blocking socket, for the coordinator's loop: feed() what was read, take whole ones."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> List[Dict[str, Any]]:
+        self._buffer += data
+        messages = []
+        while len(self._buffer) >= 4:
+            (length,) = struct.unpack("!I", self._buffer[:4])
+            if len(self._buffer) < 4 + length:
+                break
+            messages.append(json.loads(bytes(self._buffer[4:4 + length])))
+            del self._buffer[:4 + length]
+        return messages

@@ -1,0 +1,298 @@
+"""Horovod's DistributedOptimizer: the script's optimizer, of its own class, whose gradients are averaged over the
+ranks before each step.
+
+As in Horovod, the wrapped optimizer is a new object of a subclass of the script's optimizer class made on the spot,
+built on the same parameter groups; a hook on every parameter starts its gradient's allreduce as soon as backward has
+accumulated it (so communication overlaps the rest of backward; the coordinator fuses allreduces that become ready
+together into one buffer), and `step()` (or `synchronize()`) waits for them and puts the averages into `.grad`.
+Parameters whose gradient was not computed on a rank are reduced with zeros, so every rank takes part.
+The checks that every rank's gradient has the same shape and type run on the first step only: a model's parameters
+keep their shapes, so later steps' allreduces skip them."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Sequence, Set, Tuple
+
+import torch
+
+from . import runtime
+from .compression import Compression
+from .dtypes import ADASUM, AVERAGE
+from .errors import ADASUM as ADASUM_REFUSED
+from .objects import broadcast_object
+from .ops import _allreduce_async, grouped_allreduce_async_, sparse_allreduce_async, synchronize
+from .process_sets import ProcessSet, global_process_set
+
+
+def split_list(items: Sequence[Any], parts: int) -> List[List[Any]]:
+    """`items` in `parts` consecutive runs of sizes differing by at most one (the longer ones first)."""
+    share, extra = divmod(len(items), parts)
+    return [list(items[i * share + min(i, extra):(i + 1) * share + min(i + 1, extra)]) for i in range(parts)]
+
+
+def _duplicates(names: Sequence[str]) -> Set[str]:
+    seen: Set[str] = set()
+    return {name for name in names if name in seen or seen.add(name)}  # type: ignore[func-returns-value]
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """The part of a DistributedOptimizer that is not the script's optimizer (first in its class's MRO)."""
+
+    _horovod_api_distributed = True
+
+    def __init__(self, params: Any, named_parameters: Any, compression: Any, backward_passes_per_step: int = 1,
+                 op: int = AVERAGE, gradient_predivide_factor: float = 1.0, groups: Any = None,
+                 sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set) -> None:
+        # The script's optimizer class (next in the MRO), on the script optimizer's parameter groups.
+        super().__init__(params)  # type: ignore[call-arg]
+        self._compression = compression
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{i}.{j}", v) for i, group in enumerate(self.param_groups)
+                                for j, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced by "
+                             "model.named_parameters().")
+        dups = _duplicates([k for k, _ in named_parameters])
+        if dups:
+            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: %s"
+                             % ", ".join(sorted(dups)))
+        all_ids = {id(v) for group in self.param_groups for v in group["params"]}
+        unnamed = all_ids - {id(v) for _, v in named_parameters}
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
+                             "Python object ids: %s" % ", ".join(str(i) for i in unnamed))
+        ordered = sorted(named_parameters, key=lambda item: item[0])
+        self._parameter_names: Dict[torch.Tensor, str] = {v: k for k, v in ordered}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay: Dict[torch.Tensor, int] = {v: backward_passes_per_step for _, v in ordered}
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._handles: Dict[Any, Tuple[Any, Any]] = {}
+        self._grad_accs: List[Any] = []
+        self._requires_update: Set[torch.Tensor] = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        self._checked = False  # every rank's gradients were matched once
+        if groups is not None:
+            if not (isinstance(groups, list) or groups > 0):
+                raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+            if isinstance(groups, list):
+                seen: Set[int] = set()
+                for group in groups:
+                    for p in group:
+                        if not isinstance(p, torch.Tensor):
+                            raise ValueError("groups must consist of torch.Tensor.")
+                        if id(p) in seen:
+                            raise ValueError("A parameter can only appear once in groups.")
+                        seen.add(id(p))
+        self._groups = groups
+        self._p_to_group: Dict[torch.Tensor, Tuple[torch.Tensor, ...]] = {}
+        self._group_counts: Dict[Tuple[torch.Tensor, ...], int] = {}
+        if process_set.included() and (runtime.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
+            self._register_hooks()
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        super().load_state_dict(*args, **kwargs)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Reduce gradients every `passes` backward passes (they accumulate locally in between)."""
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def _register_hooks(self) -> None:
+        if self._groups is not None:
+            params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+            # Every rank forms the groups in rank 0's order of the parameters.
+            names = broadcast_object([self._parameter_names.get(p) for p in params], root_rank=0,
+                                     process_set=self.process_set)
+            params.sort(key=lambda p: names.index(self._parameter_names.get(p)))
+            if isinstance(self._groups, list):
+                ids = {id(p) for p in params}
+                grouped: List[List[torch.Tensor]] = [[p for p in group if id(p) in ids] for group in self._groups]
+                taken = {id(p) for group in grouped for p in group}
+                grouped += [[p] for p in params if id(p) not in taken]
+            else:
+                grouped = split_list(params, self._groups)
+            for members in grouped:
+                key = tuple(members)
+                for p in key:
+                    self._p_to_group[p] = key
+                self._group_counts[key] = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    self._requires_update.add(p)
+                    self._grad_accs.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+
+    def _allreduce_grad_async(self, p: torch.Tensor) -> Tuple[Any, Any]:
+        if p.grad is None:
+            # Not computed on this rank this step (another rank may have): reduce zeros, so every rank takes part.
+            p.grad = p.data.new(p.size()).zero_()
+        name = self._parameter_names.get(p)
+        tensor = p.grad
+        if tensor.is_sparse:
+            if self.sparse_as_dense:
+                tensor = tensor.to_dense()
+            else:
+                return sparse_allreduce_async(p.grad, name=str(name), op=self.op, process_set=self.process_set), None
+        compressed, ctx = self._compression.compress(tensor)
+        if self.op == AVERAGE:
+            # The average split around the sum: 1/f before, f/size after (Horovod's gradient_predivide_factor).
+            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        else:
+            prescale, postscale = 1.0, 1.0
+        handle = _allreduce_async(compressed, compressed, name, self.op, prescale, postscale, self.process_set,
+                                  checked=self._checked)
+        return handle, ctx
+
+    def _grouped_allreduce_grad_async(self, params: Tuple[torch.Tensor, ...]) -> Tuple[Any, Any]:
+        name = self._parameter_names.get(params[0])
+        compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in params], strict=True)
+        handle = grouped_allreduce_async_(list(compressed), name=name, op=self.op, process_set=self.process_set)
+        return handle, ctxs
+
+    def _make_hook(self, p: torch.Tensor):
+        def hook(*unused: Any) -> None:
+            if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
+                raise AssertionError("Gradients were computed more than backward_passes_per_step times before call "
+                                     "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+            assert p.grad is not None and not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                if self._groups is not None:
+                    group = self._p_to_group[p]
+                    self._group_counts[group] += 1
+                    if self._group_counts[group] == len(group):
+                        self._handles[group] = self._grouped_allreduce_grad_async(group)
+                        for member in group:
+                            self._handles.pop(member, None)
+                        self._group_counts[group] = 0
+                        return
+                else:
+                    handle, ctx = self._allreduce_grad_async(p)
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def synchronize(self) -> None:
+        """Wait for every gradient's allreduce (starting those backward did not start) and put the averages into
+        `.grad`."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        completed: Set[torch.Tensor] = set()
+        for key in self._handles:
+            completed.update(key) if isinstance(key, tuple) else completed.add(key)
+        missing = self._requires_update - completed
+        if self._groups is not None:
+            # A group some of whose gradients were not computed here: reduced as the group, with zeros for those, so
+            # that its name matches the other ranks' (Horovod reduces them one by one under other names, and waits).
+            for group in {self._p_to_group[p] for p in missing if p in self._p_to_group}:
+                for member in group:
+                    if member.grad is None:
+                        member.grad = member.data.new(member.size()).zero_()
+                    self._handles.pop(member, None)
+                self._handles[group] = self._grouped_allreduce_grad_async(group)
+                self._group_counts[group] = 0
+                missing -= set(group)
+        for p in missing:
+            self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, _) in list(self._handles.items()):
+            if handle is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        try:
+            for key, (handle, ctx) in self._handles.items():
+                if isinstance(key, tuple):
+                    outputs = synchronize(handle)
+                    for member, output, member_ctx in zip(key, outputs, ctx, strict=True):
+                        self._allreduce_delay[member] = self.backward_passes_per_step
+                        member.grad.set_(self._compression.decompress(output, member_ctx))
+                    if self._groups is not None and self._group_counts[key] != 0:
+                        self._group_counts[key] = 0
+                    continue
+                output = handle() if callable(handle) else synchronize(handle)
+                self._allreduce_delay[key] = self.backward_passes_per_step
+                if self._groups is not None:
+                    group = self._p_to_group[key]
+                    if self._group_counts[group] != 0:
+                        self._group_counts[group] = 0
+                if key.grad.is_sparse:
+                    aggregated = self._compression.decompress(output, ctx)
+                    if not aggregated.is_sparse:
+                        aggregated = aggregated.to_sparse()
+                    key.grad.zero_().add_(aggregated)
+                else:
+                    key.grad.set_(self._compression.decompress(output, ctx))
+        finally:
+            self._handles.clear()
+        self._checked = True
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within, step() does not synchronize (after an explicit synchronize(), e.g. to clip gradients)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                              "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
+                              "your code.", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def _horovod_api_local_step(self) -> Any:
+        """The wrapped optimizer's own step, without allreduces (broadcast_optimizer_state's zero step)."""
+        return super().step()
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> None:
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
+                                 "or optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+        return super().zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
+                         compression: Any = Compression.none, backward_passes_per_step: int = 1, op: int = AVERAGE,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
+                         sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+    """`optimizer` whose gradients are averaged (op) over the process set before each step, with Horovod's options:
+    named_parameters (names of the allreduces, and checked for duplicates and gaps), compression,
+    backward_passes_per_step (gradients accumulate locally in between), gradient_predivide_factor (the average split
+    as 1/f before the sum and f/size after), groups (parameters reduced together), sparse_as_dense."""
+    if gradient_predivide_factor != 1.0 and op != AVERAGE:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if op == ADASUM and runtime.size() > 1:
+        raise NotImplementedError(ADASUM_REFUSED)
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense, process_set)

@@ -1,0 +1,339 @@
+"""hvd.init() and hvd.shutdown(), and who this process is in the job.
+
+The first init() joins the job on torch.distributed: the rendezvous is ddp_train's own (DDPBackend: torchrun's
+variables, or Slurm's and Open MPI's with MASTER_ADDR/MASTER_PORT), then the API makes process groups of its own
+(Gloo, and NCCL where there is CUDA), starts rank 0's coordinator and every rank's engine, and learns the hosts of the
+ranks (local and cross ranks, as Horovod computes them). shutdown() ends one init's collectives on every rank (as
+Horovod's does) but keeps all of that, so that a later init() starts again at once: a process joins the job once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from common.errors import UsageError, fail_usage
+from common.launch.placement import detect
+from ddp_train.backend import DDPBackend
+
+from . import coordinator as coordination
+from . import process_sets as sets
+from .engine import Engine
+from .errors import NOT_INITIALIZED
+from .execute import Communicator
+from .handles import HandleTable
+from .messages import ADD_SET, Channel, Response
+from .settings import Settings
+
+PROG = "horovod_api"
+#: seconds shutdown() waits for this rank's collectives in flight to finish
+SHUTDOWN_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Ranks as Horovod numbers them: local among the processes of a host, cross among the hosts that have a
+    process of the same local rank."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    homogeneous: bool
+
+    @classmethod
+    def from_hosts(cls, hosts: Sequence[str], rank: int) -> "Topology":
+        """The topology of rank `rank` from every rank's host name, in rank order."""
+        mine = hosts[rank]
+        local = [r for r, host in enumerate(hosts) if host == mine]
+        local_rank = local.index(rank)
+        per_host: Dict[str, List[int]] = {}
+        for r, host in enumerate(hosts):
+            per_host.setdefault(host, []).append(r)
+        # Hosts in the order of their first rank; cross peers: the ranks with this local rank, one per host.
+        peers = [ranks[local_rank] for ranks in per_host.values() if len(ranks) > local_rank]
+        sizes = {len(ranks) for ranks in per_host.values()}
+        return cls(rank, len(hosts), local_rank, len(local), peers.index(rank), len(peers), len(sizes) == 1)
+
+
+@dataclass
+class World:
+    """What the first init() builds, kept for the process: the groups, the coordinator, the engine."""
+
+    topology: Topology
+    settings: Settings
+    everyone: Communicator
+    engine: Engine
+    coordinator: Optional[coordination.Coordinator]
+    groups: Dict[Tuple[int, ...], Communicator] = field(default_factory=dict)
+
+
+@dataclass
+class State:
+    """One init() of the API: its generation, process sets and handles."""
+
+    world: Optional[World] = None
+    gen: int = 0
+    initialized: bool = False
+    sets: Dict[int, Communicator] = field(default_factory=dict)
+    handles: HandleTable = field(default_factory=HandleTable)
+    join_device: int = -1
+    timeline_hook: Optional[object] = None
+
+
+STATE = State()
+#: what modules that build on this one do at init() and shutdown(): add the process sets given to init()
+#: (sets.py), start and stop the timeline (timeline.py)
+INITIAL_SETS: List[Callable[[list], None]] = []
+AFTER_INIT: List[Callable[[], None]] = []
+BEFORE_SHUTDOWN: List[Callable[[], None]] = []
+
+
+def _group(ranks: List[int], backend: str, timeout_s: float):
+    return dist.new_group(ranks=ranks, backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _communicator(ranks: List[int], rank: int, settings: Settings) -> Communicator:
+    """The groups of a set of ranks (made on every rank of the job, as torch.distributed requires)."""
+    cpu = _group(ranks, "gloo", settings.collective_timeout_s)
+    cuda = _group(ranks, "nccl", settings.collective_timeout_s) if _cuda_collectives() else None
+    member = rank in ranks
+    return Communicator(list(ranks), ranks.index(rank) if member else -1, cpu if member else None,
+                        cuda if member else None)
+
+
+def _cuda_collectives() -> bool:
+    return torch.cuda.is_available() and dist.is_nccl_available()
+
+
+def _join_job(settings: Settings) -> None:
+    """torch.distributed's default group, through ddp_train's rendezvous (unless the script made one itself)."""
+    if dist.is_initialized():
+        return
+    backend = DDPBackend()
+    try:
+        backend.check_environment()
+        backend.init(settings.collective_timeout_s)
+    except UsageError as exc:
+        fail_usage(PROG, str(exc))
+
+
+def _export(topology: Topology) -> None:
+    """The variables horovodrun gives its ranks, for scripts (and Horovod's tests) that read them."""
+    values = {"HOROVOD_RANK": topology.rank, "HOROVOD_SIZE": topology.size, "HOROVOD_LOCAL_RANK": topology.local_rank,
+              "HOROVOD_LOCAL_SIZE": topology.local_size, "HOROVOD_CROSS_RANK": topology.cross_rank,
+              "HOROVOD_CROSS_SIZE": topology.cross_size}
+    for name, value in values.items():
+        os.environ[name] = str(value)
+
+
+def export_placement() -> None:
+    """Before the script starts: the HOROVOD_* rank variables from what the launcher set (torchrun's GROUP_RANK and
+    GROUP_WORLD_SIZE give the cross rank and size; init() sets them all from the hosts of the ranks)."""
+    placement = detect()
+    cross = (os.environ.get("GROUP_RANK", "0"), os.environ.get("GROUP_WORLD_SIZE", "1"))
+    values = {"HOROVOD_RANK": placement.rank, "HOROVOD_SIZE": placement.world_size,
+              "HOROVOD_LOCAL_RANK": placement.local_rank, "HOROVOD_LOCAL_SIZE": placement.local_world_size,
+              "HOROVOD_CROSS_RANK": cross[0], "HOROVOD_CROSS_SIZE": cross[1]}
+    for name, value in values.items():
+        os.environ.setdefault(name, str(value))
+
+
+def _timeline_event(name: str, phase: str, start: bool) -> None:
+    hook = STATE.timeline_hook
+    if hook is not None:
+        hook(name, phase, start)  # type: ignore[operator]
+
+
+def _build_world() -> World:
+    settings = Settings.from_environment()
+    _join_job(settings)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    everyone = _communicator(list(range(size)), rank, settings)
+    hosts: List[Optional[str]] = [None] * size
+    dist.all_gather_object(hosts, socket.gethostname(), group=everyone.cpu)
+    topology = Topology.from_hosts([str(h) for h in hosts], rank)
+    coordinator = None
+    address: List[Optional[str]] = [None]
+    if rank == 0:
+        listener = coordination.listen(single_host=topology.local_size == size)
+        coordinator = coordination.Coordinator(listener, size, settings, on_event=_timeline_event)
+        coordinator.start()
+        host, port = listener.getsockname()[:2]
+        address = [f"{host}:{port}"]
+    dist.broadcast_object_list(address, src=0, group=everyone.cpu)
+    host, port = str(address[0]).rsplit(":", 1)
+    channel = Channel(socket.create_connection((host, int(port)), timeout=settings.collective_timeout_s))
+    channel.sock.settimeout(None)
+    silence = coordination.HEARTBEAT_S * 60 if settings.stall_shutdown_s > 0 else 0.0
+    engine = Engine(channel, rank, _set_communicator, _on_set, lambda: STATE.join_device, silence,
+                    on_event=_timeline_event)
+    world = World(topology, settings, everyone, engine, coordinator, {tuple(range(size)): everyone})
+    engine.start()
+    atexit.register(_at_exit)
+    return world
+
+
+def _set_communicator(gen: int, ps: int) -> Communicator:
+    """The groups of process set `ps` (engine thread)."""
+    world = STATE.world
+    assert world is not None
+    if ps == 0:
+        return world.everyone
+    return STATE.sets[ps]
+
+
+def _on_set(response: Response) -> None:
+    """A process set added or removed on every rank (engine thread: group creation is collective)."""
+    world = STATE.world
+    assert world is not None
+    if response.kind == ADD_SET:
+        if response.value < 0:
+            return
+        key = tuple(response.ranks)
+        if key not in world.groups:
+            world.groups[key] = _communicator(list(key), world.topology.rank, world.settings)
+        if response.gen == STATE.gen:
+            STATE.sets[response.value] = world.groups[key]
+            sets.register(response.value, list(key))
+    elif response.gen == STATE.gen:
+        STATE.sets.pop(response.value, None)
+        sets.unregister(response.value)
+
+
+def init(comm: Optional[object] = None, process_sets: Optional[object] = None) -> None:
+    """hvd.init(): join the job (the first time), then start a generation of collectives. `comm` may be omitted or
+    list every rank; `process_sets` may list ProcessSet objects every rank gives alike, or be "dynamic"."""
+    if is_initialized():
+        return
+    if STATE.initialized:  # another rank's shutdown() ended this generation: this rank's ends too
+        _end_generation()
+    if comm is not None and not isinstance(comm, (list, tuple, range)):
+        raise ValueError("hvd.init(comm=...) with an MPI communicator is not offered by the Horovod API on "
+                         "torch.distributed: call hvd.init() on every rank (use process sets for subsets of ranks)")
+    if STATE.world is None:
+        STATE.world = _build_world()
+    else:
+        STATE.gen += 1
+    world = STATE.world
+    ranks = list(comm) if isinstance(comm, (list, tuple, range)) else []
+    if ranks and sorted(ranks) != list(range(world.topology.size)):
+        raise ValueError(f"hvd.init(comm={ranks}) on a subset of the ranks is not offered by the Horovod API on "
+                         "torch.distributed: call hvd.init() on every rank and use hvd.add_process_set for the subset")
+    STATE.handles.reset()
+    STATE.sets = {}
+    STATE.join_device = -1
+    STATE.initialized = True
+    _export(world.topology)
+    sets.on_init(world.topology.size, world.topology.rank)
+    if isinstance(process_sets, str):
+        if process_sets.lower() != "dynamic":
+            raise ValueError(f"hvd.init(process_sets={process_sets!r}): give a list of ProcessSet, or 'dynamic'")
+        os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+    elif process_sets:
+        for add in INITIAL_SETS:
+            add(list(process_sets))  # type: ignore[call-overload]
+    for hook in AFTER_INIT:
+        hook()
+
+
+def shutdown() -> None:
+    """hvd.shutdown(): end this generation's collectives on every rank; what still waits fails with Horovod's
+    shutdown error."""
+    if not STATE.initialized:
+        return
+    world = STATE.world
+    assert world is not None
+    for hook in BEFORE_SHUTDOWN:
+        hook()
+    world.engine.send({"type": "leave", "gen": STATE.gen})
+    deadline = time.monotonic() + SHUTDOWN_WAIT_S
+    while not world.engine.finished(STATE.gen) and world.engine.broken is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _end_generation()
+
+
+def _end_generation() -> None:
+    STATE.initialized = False
+    STATE.sets = {}
+    sets.on_shutdown()
+
+
+def _at_exit() -> None:
+    """The process ends: finish this rank's collectives in flight, then tell the coordinator this rank is gone."""
+    world = STATE.world
+    if world is None:
+        return
+    try:
+        shutdown()
+    finally:
+        world.engine.send({"type": "bye"})
+
+
+def active() -> State:
+    """The state of an initialized API; ValueError (Horovod's) before init()."""
+    if not STATE.initialized or STATE.world is None:
+        raise ValueError(NOT_INITIALIZED)
+    return STATE
+
+
+def topology() -> Topology:
+    world = active().world
+    assert world is not None
+    return world.topology
+
+
+def is_initialized() -> bool:
+    """Whether init() was called and no rank's shutdown() has ended it since."""
+    world = STATE.world
+    return STATE.initialized and world is not None and STATE.gen not in world.engine.closed
+
+
+def rank() -> int:
+    """This process's rank in the job."""
+    return topology().rank
+
+
+def size() -> int:
+    """The number of processes in the job."""
+    return topology().size
+
+
+def local_rank() -> int:
+    """This process's rank among the job's processes on its host."""
+    return topology().local_rank
+
+
+def local_size() -> int:
+    """The number of the job's processes on this host."""
+    return topology().local_size
+
+
+def cross_rank() -> int:
+    """The rank of this host among the hosts with a process of this local rank."""
+    return topology().cross_rank
+
+
+def cross_size() -> int:
+    """The number of hosts with a process of this local rank."""
+    return topology().cross_size
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of processes."""
+    return topology().homogeneous
+
+
+def _warn(message: str) -> None:
+    sys.stderr.write(f"{PROG}: {message}\n")
