@@ -11,11 +11,12 @@ import argparse
 import dataclasses
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .choices import DATASETS, FILE_DATASETS, MODELS, OPTIMIZERS, PRETRAINABLE_MODELS
-from .errors import UsageError, fail_usage
+from .errors import OneLineParser, UsageError, fail_usage
 
 LR_SCHEDULES = ("constant", "step", "cosine")
 LR_SCALINGS = ("none", "linear")
@@ -284,35 +285,25 @@ def flag_of(field: dataclasses.Field) -> str:
     return "--" + field.name.replace("_", "-")
 
 
-# --- one-line errors -------------------------------------------------------------------------
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows a default only when there is one worth showing."""
-
-    def _get_help_string(self, action):
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line (prog: error: ...) and exits 2."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        fail_usage(self.prog, f"{message} (see --help)")
+def _help(field: dataclasses.Field) -> str:
+    """An option's help line, with its default where there is one worth showing."""
+    shown = field.default not in (None, False, ()) and not field.metadata["repeat"]
+    return field.metadata["help"] + (f" (default: {field.default})" if shown else "")
 
 
 # --- the parser and the docs, from the declarations --------------------------------------------
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """The one parser of training options; ddp_train and hvd_train both use it unchanged."""
-    parser = OneLineParser(prog=prog, description=description, formatter_class=_HelpFormatter)
+    """The one parser of training options; ddp_train and hvd_train both use it unchanged. It sets no default: the
+    namespace it returns holds exactly the options given (`given_options`), and Config's fields give the rest."""
+    parser = OneLineParser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
     groups = {name: parser.add_argument_group(title) for name, title in GROUPS.items()}
     for field in options():
         meta = field.metadata
-        kwargs: Dict[str, Any] = {"default": field.default, "help": meta["help"], "dest": field.name}
+        kwargs: Dict[str, Any] = {"help": _help(field), "dest": field.name}
         if field.type in (bool, "bool"):
             kwargs["action"] = "store_true"
         elif meta["repeat"]:
-            kwargs.update(action="append", type=meta["parse"] or str, default=None, metavar=meta["metavar"])
+            kwargs.update(action="append", type=meta["parse"] or str, metavar=meta["metavar"])
         else:
             kwargs["type"] = meta["parse"] or str
             if meta["choices"]:
@@ -321,6 +312,16 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
                 kwargs["metavar"] = meta["metavar"]
         groups[meta["group"]].add_argument(flag_of(field), **kwargs)
     return parser
+
+
+def given_options(argv: Optional[Sequence[str]], prog: str, description: str = "training options") -> Dict[str, Any]:
+    """The training options given on a command line, by field name (a repeated option as a tuple); bad input exits
+    with one line and code 2."""
+    values = vars(build_parser(prog, description).parse_args(argv))
+    for field in options():
+        if field.metadata["repeat"] and field.name in values:
+            values[field.name] = tuple(values[field.name])
+    return values
 
 
 def options_markdown() -> str:
@@ -367,17 +368,12 @@ def config_argv(settings: Dict[str, Any], leave_out: Sequence[str] = ("run_dir",
 
 def parse_config(argv: Optional[Sequence[str]], prog: str, description: str) -> Config:
     """Parse and check the command line; bad input exits with one line and code 2."""
-    args = build_parser(prog, description).parse_args(argv)
-    values = vars(args)
-    for field in options():
-        if field.metadata["repeat"]:
-            values[field.name] = tuple(values[field.name] or ())
-    config = Config(**values)
-    given = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")}
+    given = given_options(argv, prog, description)
+    config = Config(**given)
     try:
-        if config.global_batch is not None and "--batch-size" in given:
+        if config.global_batch is not None and "batch_size" in given:
             raise UsageError("--global-batch and --batch-size both set the batch; give one of them")
-        if config.exact and "--batch-size" in given:
+        if config.exact and "batch_size" in given:
             raise UsageError("--batch-size does not apply to --reduction exact: its batch does not depend on the world "
                              f"size; give --global-batch (default {EXACT_GLOBAL_BATCH}) instead")
         check_config(config)
@@ -386,8 +382,8 @@ def parse_config(argv: Optional[Sequence[str]], prog: str, description: str) -> 
     return config
 
 
-def check_config(config: Config) -> None:
-    """Checks that need more than one option at a time; raises UsageError."""
+def check_data_dir(config: Config) -> None:
+    """A dataset read from files has a readable --data-dir; UsageError naming what is wrong."""
     if config.dataset in FILE_DATASETS:
         path = config.data_dir
         if not path:
@@ -396,6 +392,32 @@ def check_config(config: Config) -> None:
             raise UsageError(f"--data-dir {path!r} is not a directory; point it at the {config.dataset} files")
         if not os.access(path, os.R_OK | os.X_OK):
             raise UsageError(f"--data-dir {path!r} is not readable by this user; fix its permissions")
+
+
+def check_run_dir(path: str) -> None:
+    """The run directory can be made and written (rank 0 writes it; every rank checks it alike, before any
+    collective, and makes nothing); UsageError naming why not."""
+    target = os.path.abspath(path)
+    existing = target
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"--run-dir {path!r}: {existing} is not a directory; give a folder you can write to")
+    if existing == target:
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise UsageError(f"--run-dir {path!r} is not writable by this user; give a folder you can write to")
+        return
+    try:  # the folders below `existing` are made when the run starts: try one there, and take it away
+        os.rmdir(tempfile.mkdtemp(prefix=".run-dir-check-", dir=existing))
+    except OSError as exc:
+        raise UsageError(f"--run-dir {path!r} cannot be created in {existing} ({exc.strerror or exc}); give a "
+                         "folder you can write to") from None
+
+
+def check_config(config: Config) -> None:
+    """Checks that need more than one option at a time, or the file system; raises UsageError."""
+    check_data_dir(config)
+    check_run_dir(config.run_dir)
     if config.pretrained and config.model not in PRETRAINABLE_MODELS:
         raise UsageError(f"--pretrained applies to {'/'.join(PRETRAINABLE_MODELS)} only, not --model {config.model}")
     if config.pretrained:

@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import launch
 from .launch.hosts import DEFAULT_PORT, is_local, local_addresses, parse_hosts, resolve, route_to
-from .errors import print_error
+from .errors import OneLineParser, print_error
 from .launch.remote import SSH_CONNECT_TIMEOUT_S, SSH_OPTIONS
 
 ENTRY_POINT_GROUP = "hvd_ddp_compare.doctor"
@@ -281,7 +281,7 @@ def run_checks(hosts: List[Tuple[str, int]], port: int, ssh_port: Optional[int],
 
 def build_parser() -> argparse.ArgumentParser:
     """The doctor's options (host list and ssh options as horovodrun spells them)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m common.doctor",
         description="Check that a multi-host launch can work: Horovod's build, MPI, ssh to every host, the "
                     "rendezvous port, the network interface and an allreduce between the hosts.")

@@ -21,7 +21,7 @@ def main(argv: Optional[Sequence[str]], prog: str, description: str,
     sigterm_hold.hold()
     config = parse_config(argv, prog=prog, description=description)  # bad options: fail_usage exits 2
     pause_collector()  # while torch, the loop and the backend are imported; not while the user's data loads
-    from common.loop.trainer import run
+    from common.trainer import run
 
     backend, fit = start()
     resume_collector()

@@ -2,16 +2,17 @@
 
 `UsageError` is bad input. `print_error` writes the one `PROG: error: message` line every program of the
 project prints; `fail_usage` prints it and exits with code 2, lingering under a launcher so that the
-other ranks print their own line too.
+other ranks print their own line too; `OneLineParser` is the command-line parser every program builds on.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
 import time
-from typing import NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
 from .launch import placement
 from .launch.together import leave_together
@@ -56,3 +57,15 @@ def fail_usage(prog: str, message: str) -> NoReturn:
         leave_together(here, time.time() + SIBLING_GRACE_S - (time.monotonic() - STARTED))
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # nor while the interpreter shuts down
     sys.exit(2)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (prog: error: ...) and exits 2, and takes no abbreviation of
+    an option (argparse would read --batch as --batch-size, and a check of what was given could not tell)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        fail_usage(self.prog, f"{message} (see --help)")

@@ -23,18 +23,18 @@ from common.inputs.perturb import gradient_disturbance
 from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 from common.rundir.records import RunOutcome, RunSetup, config_record, summary_record
 from common.rundir.writer import RunDir
-from .backend import Backend, Tuning
-from .batches import Batches
-from .evaluation import evaluate
-from .fingerprint import weight_norms
-from .finite import LossWatch, NonFinite, check_weights
-from .optim import lr_at, make_optimizer, set_lr
-from .position import Position, epoch_means
-from .precision import Precision, set_numerics
-from .profiling import PROFILE_DIR, StepProfiler
-from .progress import done_line, epoch_bar, epoch_line
-from .stepping import AllreduceStep, Step
-from .steptimer import StepTimer
+from common.loop.backend import Backend, Tuning
+from common.loop.batches import Batches
+from common.loop.evaluation import evaluate
+from common.rundir.fingerprint import weight_norms
+from common.loop.finite import LossWatch, NonFinite, check_weights
+from common.loop.optim import lr_at, make_optimizer, set_lr
+from common.loop.position import Position, epoch_means
+from common.loop.precision import Precision, set_numerics
+from common.loop.profiling import PROFILE_DIR, StepProfiler
+from common.loop.progress import done_line, epoch_bar, epoch_line
+from common.loop.stepping import AllreduceStep, Step
+from common.loop.steptimer import StepTimer
 
 
 class Trainer:
@@ -88,7 +88,7 @@ class Trainer:
         finally:
             self.stop.close()
             self.close_run_dir()
-            self.backend.close_liveness()
+            self.stop.close_liveness()
             self.backend.shutdown()
 
     def prepare(self) -> None:
@@ -115,12 +115,12 @@ class Trainer:
         if config.amp == "fp16" and backend.device.type != "cuda":
             fail_usage(self.prog, AMP_FP16_NEEDS_CUDA)
         sigterm_hold.release()  # the input is good: a launcher's SIGTERM stops this rank from now on
-        backend.configure(Tuning.from_config(config, gradient_bytes(self.inputs.model)))
+        backend.configure(Tuning(config, gradient_bytes(self.inputs.model)))
         try:
             backend.init(config.timeout)
         except UsageError as exc:  # e.g. the rendezvous port is taken
             fail_usage(self.prog, str(exc))
-        backend.start_liveness()
+        self.stop.start_liveness()
         self.stop.start()
 
     def setup(self) -> None:
@@ -190,7 +190,7 @@ class Trainer:
             data_s, step_s, comm_s = timer.stepped(self.step.take_comm_seconds())
             self.loss_watch.observe(loss, pos.step + 1)
             pos.advance(accumulate)
-            backend.note_step(pos.step)
+            backend.activity.step = pos.step  # what this rank answers to pings
             self.profiler.after_step()
             bar.update(1)
             last = pos.step >= self.batches.total_steps

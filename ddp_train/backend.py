@@ -178,19 +178,19 @@ class DDPBackend(Backend):
             "launch": self.source,
             "broadcast_buffers": False,
             "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
-            "bucket_cap_mb": self.tuning.bucket_mb,
+            "bucket_cap_mb": self.tuning.config.bucket_mb,
             "ddp_built": self._ddp_built,  # read from DDP once built, not what it was given
             "divide_by_world_size": HOOK_DIVIDES.get(self._ddp_built.get("hook_averages_with")),
-            "comm_hook": "fp16_compress_hook" if self.tuning.compression == "fp16" else "allreduce_hook",
-            "compression": self.tuning.compression,
+            "comm_hook": "fp16_compress_hook" if self.tuning.config.compression == "fp16" else "allreduce_hook",
+            "compression": self.tuning.config.compression,
             "gradient_average": ("float16: divide by world size, then allreduce sum (fp16_compress_hook)"
-                                 if self.tuning.compression == "fp16" else
+                                 if self.tuning.config.compression == "fp16" else
                                  "divide by world size, then allreduce sum (DDP default hook)"),
-            "accumulate": self.tuning.accumulate,
-            "deterministic": self.tuning.deterministic,
-            "predivide": self.tuning.predivide,  # DDP divides before the sum either way
+            "accumulate": self.tuning.config.accumulate,
+            "deterministic": self.tuning.config.deterministic,
+            "predivide": self.tuning.config.predivide,  # DDP divides before the sum either way
             "accumulation": "no_sync() for the first K-1 backward passes of a step",
-            "trace": "torch.profiler chrome trace of rank 0" if self.tuning.profile else None,
+            "trace": "torch.profiler chrome trace of rank 0" if self.tuning.config.profile else None,
         }
 
     # --- training ------------------------------------------------------------------------
@@ -201,8 +201,8 @@ class DDPBackend(Backend):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # Buffers are not broadcast on every forward: Horovod does not either, and the loop
         # synchronises them from rank 0 before evaluating and saving (Backend.broadcast_buffers).
-        ddp = DDP(model, device_ids=device_ids, forward_sync_buffers=False, bucket_cap_mb=self.tuning.bucket_mb)
-        reduce = default_hooks.fp16_compress_hook if self.tuning.compression == "fp16" else default_hooks.allreduce_hook
+        ddp = DDP(model, device_ids=device_ids, forward_sync_buffers=False, bucket_cap_mb=self.tuning.config.bucket_mb)
+        reduce = default_hooks.fp16_compress_hook if self.tuning.config.compression == "fp16" else default_hooks.allreduce_hook
 
         def timed_allreduce(state, bucket):
             # The allreduce hook (plain or float16), noting when the last bucket was handed to the network.

@@ -23,10 +23,11 @@ from .waiting import Waiter, choose_wait
 #: On CPU, Horovod's background thread takes a share of a core every cycle (HOROVOD_CYCLE_TIME), and
 #: that share comes out of the ranks' compute. A model with at least this many bytes of gradients has
 #: steps long enough that a longer cycle costs it no measurable latency and gives the share back
-#: (BENCHMARKS.md, "Horovod scaling"); a small model keeps Horovod's 1 ms, its steps are milliseconds.
+#: (measured: benchmarks/results/horovod_cycle_scaling*/); a small model keeps Horovod's 1 ms, its steps are
+#: milliseconds.
 LONG_CYCLE_MIN_GRADIENT_BYTES = 16 * 2**20
-#: The long cycle per controller. Gloo's agreement each cycle is a collective through its TCP loop thread:
-#: on an idle rank 5% of a core at 5 ms and 2% at 20 ms (BENCHMARKS.md, "Horovod scaling"). MPI keeps 5 ms.
+#: The long cycle per controller. Gloo's agreement each cycle is a collective through its TCP loop thread, whose
+#: cost on an idle rank falls with the cycle (benchmarks/results/horovod_cycle.json). MPI keeps 5 ms.
 LONG_CYCLE_MS = {"gloo": 20, "mpi": 5}
 
 #: Open MPI's mpirun passes SIGINT/SIGTERM on to the ranks this many seconds after it got it, and kills them as
@@ -116,12 +117,12 @@ class HorovodBackend(Backend):
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(self.fusion_threshold_bytes)
         if self._env_fusion_threshold not in (None, os.environ["HOROVOD_FUSION_THRESHOLD"]) and self._launched_as.rank == 0:
             print(f"hvd_train: HOROVOD_FUSION_THRESHOLD={self._env_fusion_threshold} is overridden by --bucket-mb "
-                  f"{self.tuning.bucket_mb:g} ({self.fusion_threshold_bytes} bytes)", flush=True)
+                  f"{self.tuning.config.bucket_mb:g} ({self.fusion_threshold_bytes} bytes)", flush=True)
         self._choose_cycle_time()
         self.wait, self.wait_source = choose_wait(self.device)
         self.mpi_yield_source = yield_mpi_when_idle(self.device.type == "cpu", "hvd_train: training on CPU")
         self.mpi_btl_source = one_host_shared_memory(self._launched_as.single_host)
-        if self.tuning.profile:
+        if self.tuning.config.profile:
             # hvd.start_timeline() works only when the timeline was enabled at init.
             os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
         self.hvd.init()
@@ -174,17 +175,17 @@ class HorovodBackend(Backend):
             "mpi_yield_source": getattr(self, "mpi_yield_source", None) if hvd.mpi_enabled() else None,
             "mpi_btl": os.environ.get(MPI_BTL_VARIABLE) if hvd.mpi_enabled() else None,
             "mpi_btl_source": getattr(self, "mpi_btl_source", None) if hvd.mpi_enabled() else None,
-            "compression": self.tuning.compression,
+            "compression": self.tuning.config.compression,
             "gradient_average": self._gradient_average(),
             **self._averaging(),
-            "deterministic": self.tuning.deterministic,
-            "predivide": self.tuning.predivide,
+            "deterministic": self.tuning.config.deterministic,
+            "predivide": self.tuning.config.predivide,
             "wait": getattr(self, "wait", None),
             "wait_source": getattr(self, "wait_source", None),
-            "backward_passes_per_step": self.tuning.accumulate,
+            "backward_passes_per_step": self.tuning.config.accumulate,
             "elastic": self.elastic,
             "trace": "Horovod timeline (HOROVOD_TIMELINE=DYNAMIC, start_timeline/stop_timeline)"
-                     if self.tuning.profile else None,
+                     if self.tuning.config.profile else None,
         }
 
     def _averaging(self) -> dict:
@@ -200,8 +201,8 @@ class HorovodBackend(Backend):
 
     def _gradient_average(self) -> str:
         """How this backend averages gradients, in words, for config.json."""
-        dtype = "float16: " if self.tuning.compression == "fp16" else ""
-        if self.tuning.predivide:
+        dtype = "float16: " if self.tuning.config.compression == "fp16" else ""
+        if self.tuning.config.predivide:
             return dtype + "scale by 1/world size, then allreduce sum (gradient_predivide_factor = world size)"
         return dtype + "allreduce sum, then scale by 1/world size (op=Average)"
 
@@ -210,7 +211,7 @@ class HorovodBackend(Backend):
         """--bucket-mb in bytes, for HOROVOD_FUSION_THRESHOLD (MB = 2**20 bytes, as DDP's bucket_cap_mb);
         0 (no fusion) with --deterministic: which tensors a fused buffer holds follows their timing, and
         where a gradient sits in the buffer decides the order its sum is added in on 3 ranks or more."""
-        return 0 if self.tuning.deterministic else int(self.tuning.bucket_mb * 1024 * 1024)
+        return 0 if self.tuning.config.deterministic else int(self.tuning.config.bucket_mb * 1024 * 1024)
 
     # --- training ------------------------------------------------------------------------
     def wrap(self, model, optimizer):
@@ -223,13 +224,13 @@ class HorovodBackend(Backend):
         # backward_passes_per_step=K: gradients add up locally over K backward passes, then the sum is
         # averaged over ranks (op=Average divides by world size only; the loop divides the loss by K),
         # which is what DDP's no_sync() accumulation gives.
-        compression = layout_preserving(hvd.Compression.fp16 if self.tuning.compression == "fp16" else hvd.Compression.none)
+        compression = layout_preserving(hvd.Compression.fp16 if self.tuning.config.compression == "fp16" else hvd.Compression.none)
         # --predivide: divide by the world size before the sum, as DDP does (Horovod: gradient_predivide_factor
         # divides by the factor before the sum and by world size / factor after it).
-        predivide = float(self.world_size) if self.tuning.predivide else 1.0
+        predivide = float(self.world_size) if self.tuning.config.predivide else 1.0
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              op=hvd.Average, compression=compression,
-                                             backward_passes_per_step=self.tuning.accumulate,
+                                             backward_passes_per_step=self.tuning.config.accumulate,
                                              gradient_predivide_factor=predivide)
         self._distributed_optimizer = optimizer
         return model, optimizer

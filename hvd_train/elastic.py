@@ -81,7 +81,7 @@ def fit_elastic(trainer) -> int:
 
 def rejoin(hvd, state, trainer) -> None:
     """Bring every rank to one committed state. Collective; the first thing each (re)start does."""
-    trainer.backend.start_liveness()  # the members and their ranks may have changed
+    trainer.stop.start_liveness()  # the members and their ranks may have changed
     steps = hvd.allgather_object(state.latest["step"] if state.latest is not None else -1)
     newest = max(steps)
     if newest < 0:

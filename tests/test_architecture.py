@@ -18,25 +18,23 @@ ALLOWED = {
     "common.errors": {"common.launch"},
     "common.config": {"common.choices", "common.errors"},
     "common.inputs": {"common.choices", "common.config", "common.errors"},
+    "common.loop": {"common.choices", "common.config", "common.errors", "common.inputs", "common.launch"},
     "common.exact": {"common.config", "common.loop"},
     "common.checkpoints": {"common.config", "common.loop"},
     "common.faults": {"common.errors", "common.loop"},
-    "common.loop": {"common.choices", "common.config", "common.errors", "common.faults", "common.inputs",
-                    "common.launch"},
     "common.rundir": {"common.checkpoints", "common.config", "common.inputs", "common.launch", "common.loop"},
+    "common.trainer": {"common.checkpoints", "common.config", "common.errors", "common.exact", "common.faults",
+                       "common.inputs", "common.loop", "common.rundir"},
     "common.doctor": {"common.errors", "common.launch"},
     "common.compare": {"common.config", "common.doctor", "common.errors", "common.launch", "common.rundir"},
-    "common.probe": {"common.checkpoints", "common.errors", "common.inputs", "common.launch", "common.loop",
-                     "common.rundir"},
-    "common.entry": {"common.config", "common.faults", "common.launch", "common.loop"},
+    "common.probe": {"common.checkpoints", "common.errors", "common.inputs", "common.launch", "common.rundir"},
+    "common.entry": {"common.config", "common.faults", "common.launch", "common.trainer"},
     "ddp_train": {"common.config", "common.entry", "common.errors", "common.launch", "common.loop"},
     "hvd_train": {"common.checkpoints", "common.config", "common.doctor", "common.entry", "common.errors",
                   "common.launch", "common.loop"},
     "benchmarks": {"common.compare", "common.config", "common.errors", "common.exact", "common.faults",
                    "common.inputs", "common.launch", "common.loop", "common.rundir", "hvd_train"},
 }
-#: modules that may import more than their package: the loop's composition root
-MORE = {"common.loop.trainer": {"common.checkpoints", "common.exact", "common.rundir"}}
 #: modules that may import only these modules of the project: what other parts build on stays small
 ONLY = {
     "common.rundir.names": set(),
@@ -60,10 +58,14 @@ def _modules():
 
 
 def _imports(name: str, path: Path, known) -> set:
-    """The project modules `name` imports (module level and inside functions alike)."""
+    """The project modules `name` imports (module level and inside functions alike; not under TYPE_CHECKING)."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     targets = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for block in ast.walk(tree):  # imports for the type checker only run no code: no dependency at run time
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test):
+            block.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -98,7 +100,7 @@ def test_each_part_imports_only_what_it_may():
     offenders = []
     for name, path in sorted(modules.items()):
         part = _part(name)
-        allowed = ALLOWED.get(part, set()) | MORE.get(name, set())
+        allowed = ALLOWED.get(part, set())
         for target in sorted(_imports(name, path, modules)):
             if target == "common" or _part(target) == part:
                 continue
@@ -117,7 +119,7 @@ def test_small_modules_stay_small():
 
 def test_only_the_entry_point_runs_the_trainer():
     modules = _modules()
-    importers = sorted(name for name, path in modules.items() if "common.loop.trainer" in _imports(name, path, modules))
+    importers = sorted(name for name, path in modules.items() if "common.trainer" in _imports(name, path, modules))
     assert importers == ["common.entry"], importers
 
 
@@ -141,6 +143,48 @@ def test_run_directory_names_are_spelled_in_one_place():
                 if literal.search(line):
                     offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert not offenders, "use common.rundir.names, not the file names:\n" + "\n".join(offenders)
+
+
+def test_the_packages_of_common_import_each_other_without_a_cycle():
+    """Package by package (loop, faults, rundir, ...), not only module by module: a part builds on the parts below
+    it, and the composition root (common.trainer) on all of them."""
+    modules = _modules()
+    graph: dict = {}
+    for name, path in modules.items():
+        if name.startswith("common."):
+            graph.setdefault(_part(name), set()).update(
+                _part(t) for t in _imports(name, path, modules) if t.startswith("common.") and _part(t) != _part(name))
+    order, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for target in sorted(graph.get(node, ())):
+            assert state.get(target) != "open", "package cycle: " + " -> ".join(stack + [target])
+            if target not in state:
+                visit(target, stack + [target])
+        state[node] = "done"
+        order.append(node)
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert "common.trainer" in order and "common.loop" in order
+
+
+def test_every_parser_refuses_abbreviations():
+    """argparse takes --batch for --batch-size unless told not to: every command line of the project is parsed by
+    common.errors.OneLineParser (which refuses them) or by an ArgumentParser given allow_abbrev=False."""
+    offenders = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == \
+                        "ArgumentParser":
+                    keywords = {k.arg: k.value for k in node.keywords}
+                    value = keywords.get("allow_abbrev")
+                    if not (isinstance(value, ast.Constant) and value.value is False):
+                        offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not offenders, "parsers that take abbreviations (use OneLineParser):\n" + "\n".join(offenders)
 
 
 def test_no_import_cycles():

@@ -108,6 +108,34 @@ def test_unwritable_run_dir_is_refused(tmp_path):
     _no_traceback_of_ours(result.output)
 
 
+ABBREVIATED = "--batch 16 --reduction exact".split()
+
+
+@pytest.mark.parametrize("program, args, says", [
+    ([PY, "-m", "ddp_train"], ABBREVIATED, "ddp_train: error: unrecognized arguments: --batch 16"),
+    ([PY, "-m", "hvd_train"], ABBREVIATED, "hvd_train: error: unrecognized arguments: --batch 16"),
+    ([str(Path(PY).parent / "compare-backends")], ABBREVIATED,
+     "compare-backends: error: unrecognized arguments: --batch 16"),
+    ([PY, "-m", "common.probe"], ["--run", "x", "train.py"],
+     "python -m common.probe: error: the following arguments are required: --run-dir"),
+])
+def test_an_abbreviated_option_is_refused_in_one_line(program, args, says):
+    """argparse would take --batch for --batch-size (and the check that --reduction exact refuses --batch-size
+    would not see it): every program refuses abbreviations, in one line."""
+    result = run_cmd([*program, *args], timeout=60)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(says), result.output
+    _no_traceback_of_ours(result.output)
+
+
+def test_a_run_dir_that_cannot_be_created_is_refused_in_one_line():
+    result = launch("none-ddp", 1, ["--run-dir", "/proc/x"], timeout=60)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.output
+    assert lines[0] == ("ddp_train: error: --run-dir '/proc/x' cannot be created in /proc (No such file or directory); "
+                        "give a folder you can write to")
+
+
 def test_help_is_the_same_for_both_backends():
     ddp = run_cmd([PY, "-m", "ddp_train", "--help"], timeout=60).check().output
     hvd = run_cmd([PY, "-m", "hvd_train", "--help"], timeout=60).check().output

@@ -22,7 +22,7 @@ from typing import Callable, List, NoReturn, Optional
 
 from common.errors import print_error
 from common.loop.backend import Backend
-from .liveness import PeerState
+from .liveness import Liveness, PeerState
 from .watchdog import CollectiveWatchdog
 
 #: training seconds between the ranks' checks for a stop request (a tiny collective each time)
@@ -51,6 +51,26 @@ class StopControl:
         self.next_check = 1  # the first check comes after the first step, then at the agreed pace
         self._last_check_step = 0
         self._last_check_time = time.monotonic()
+        self.liveness: Optional[Liveness] = None  # this rank's answering port, once the job has formed
+
+    def start_liveness(self) -> None:
+        """After the backend's init (and after an elastic job re-formed): open this rank's answering port and learn
+        every rank's (a collective). See common.faults.liveness."""
+        self.close_liveness()
+        backend = self.backend
+        self.liveness = Liveness(backend.rank, backend.activity, backend.host(),
+                                 single_host=backend.local_world_size == backend.world_size)
+        self.liveness.know(backend.all_gather_object(self.liveness.card()))
+
+    def close_liveness(self) -> None:
+        """Stop answering pings (on the way out)."""
+        if self.liveness is not None:
+            self.liveness.close()
+
+    def explain_stall(self) -> Optional[str]:
+        """After a failed or stalled collective: where the other ranks are, in one line (the ones that stopped
+        taking part, or that every rank is alive and where), or None."""
+        return self.liveness.explain() if self.liveness is not None else None
 
     def start(self) -> None:
         """Install the signal handlers (after the backend's init: MPI may install handlers of its own)
@@ -65,7 +85,7 @@ class StopControl:
         self._last_check_time = time.monotonic()
         backend = self.backend
         # Under Horovod elastic a rank that leaves is no failure: the job re-forms without it.
-        gone = None if backend.elastic or backend.liveness is None else backend.liveness.gone
+        gone = None if backend.elastic or self.liveness is None else self.liveness.gone
         self.watchdog = CollectiveWatchdog(backend.activity, self.timeout_s + WATCHDOG_GRACE_S, self._waited_too_long,
                                            gone=gone, on_gone=self._peers_gone)
 
@@ -108,7 +128,7 @@ class StopControl:
         waiting in a collective that will never complete, and a clean shutdown would wait for them too."""
         self.close()  # the watchdog must not cut the explanation short
         traceback.print_exc()
-        stall = self.backend.explain_stall()
+        stall = self.explain_stall()
         if stall:
             print_error(self.prog, stall, self.backend.rank)
         self._leave(f"rank {self.backend.rank} failed (traceback above); the launcher stops the other ranks", None)
@@ -117,7 +137,7 @@ class StopControl:
         """Watchdog expiry: say how long this rank waited and where every other rank is, then end it."""
         activity = self.backend.activity
         self._leave(f"waited {waited_s:.0f} s in {activity.doing} at step {activity.step} (--timeout "
-                    f"{self.timeout_s:g})", self.backend.explain_stall())
+                    f"{self.timeout_s:g})", self.explain_stall())
 
     def _peers_gone(self, gone: List[PeerState]) -> None:
         """A rank this one waits for has ended: no collective can complete, so end this rank now."""
@@ -134,5 +154,6 @@ class StopControl:
         if second:
             print_error(self.prog, second, rank)
         sys.stdout.flush()
-        self.backend.end_stopped_peers()
+        if self.liveness is not None:  # the stopped processes of ranks on this host that explain_stall() found
+            self.liveness.end_stopped()
         os._exit(1)

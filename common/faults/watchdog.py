@@ -17,7 +17,9 @@ import threading
 import time
 from typing import Callable, List, Optional
 
-from .liveness import Activity, PeerState
+from common.loop.activity import Activity
+
+from .liveness import PeerState
 
 #: a collective that waits this long has its peers asked whether one is gone
 GONE_CHECK_AFTER_S = 2.0

@@ -16,7 +16,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSamp
                               Subset, TensorDataset)
 
 from common.choices import DATASETS, registry
-from common.config import Config, check_config
+from common.config import Config, check_data_dir
 from common.errors import UsageError
 from .factories import article, describe_exception, is_factory, load
 
@@ -115,8 +115,8 @@ def _synthetic(config: Config, natural_image_size: int):
 
 
 def _require_dir(config: Config) -> str:
-    """--data-dir, which check_config already found to be a readable directory."""
-    check_config(config)
+    """--data-dir, checked to be a readable directory."""
+    check_data_dir(config)
     return config.data_dir
 
 

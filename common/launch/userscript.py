@@ -8,8 +8,8 @@ the code exactly that, while its own packages keep working. Two things stand in 
   `common/` package; Horovod's test utilities are one). Started with `-m` from such a folder, python finds the
   user's `common` before the project's and the program cannot even start. The comparison therefore starts its
   programs with PYTHONSAFEPATH=1 (`safe_path_env`: python does not put the folder first), and so can a user who
-  starts the probe by hand from such a folder (or `python -P -m common.probe`); a program outside `common`
-  (`python -m ddp_train.horovod_api`) drops that first entry itself before it imports `common`.
+  starts the probe by hand from such a folder (or `python -P -m common.probe`); a program of a backend's package
+  (the Horovod API's) drops that first entry itself before it imports anything of `common`.
 - Once the program runs, the project's modules are in sys.modules, where the user's `import common` would find
   them instead of the user's own. While the user's code runs, every module of the project's packages is set aside
   (`project_set_aside`): the user's imports resolve as under plain python, and the program's code, imported

@@ -1,6 +1,6 @@
 """The seam between the one training loop and a way of running it in parallel.
 
-The loop in common.loop.trainer talks to a Backend only. A backend owns: the process group (init,
+The loop (common.trainer) talks to a Backend only. A backend owns: the process group (init,
 barrier, shutdown), who this process is (rank, local rank, world size, device), how a model
 and optimizer are wrapped so gradients are averaged, and small collectives for metrics.
 Nothing here imports horovod or torch.distributed; hvd_train and ddp_train do, lazily.
@@ -13,41 +13,25 @@ import contextlib
 import functools
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
 from common.config import Config
-from common.faults.liveness import Activity, Liveness
 from common.launch.placement import Placement
+
+from .activity import Activity
 
 
 @dataclass(frozen=True)
 class Tuning:
-    """The tuning options a backend applies itself (set by configure() before init() and wrap()).
+    """What a backend applies itself (set by configure() before init() and wrap()): the run's options (`config`:
+    its compression, bucket_mb, accumulate, profile, deterministic and predivide are the backend's to apply), and
+    what one step reduces (`gradient_bytes`: the model's trainable parameters)."""
 
-    compression: "none" or "fp16" (gradients travel as float16); bucket_mb: megabytes (2**20 bytes)
-    of gradients reduced together; accumulate: backward passes per optimizer step; profile: a trace()
-    will be asked for (some backends must know before init); gradient_bytes: what one step reduces
-    (the model's trainable parameters); deterministic: reduce so that a repeat gives the same bits;
-    predivide: divide by the world size before summing, as DDP does.
-    """
-
-    compression: str = "none"
-    bucket_mb: float = 25.0
-    accumulate: int = 1
-    profile: bool = False
+    config: Config = field(default_factory=Config)
     gradient_bytes: int = 0
-    deterministic: bool = False  # the same bits run after run (Horovod: no tensor fusion)
-    predivide: bool = False      # divide gradients by the world size before the sum (Horovod; DDP always does)
-
-    @classmethod
-    def from_config(cls, config: Config, gradient_bytes: int) -> "Tuning":
-        """The tuning options of `config`, for a model whose step reduces `gradient_bytes`."""
-        return cls(compression=config.compression, bucket_mb=config.bucket_mb, accumulate=config.accumulate,
-                   profile=config.profile > 0, gradient_bytes=gradient_bytes, deterministic=config.deterministic,
-                   predivide=config.predivide)
 
 
 #: the collectives every backend implements, and what a rank in one is said to wait in (common.faults.liveness);
@@ -84,8 +68,7 @@ class Backend(abc.ABC):
 
     def __init__(self) -> None:
         self.tuning = Tuning()
-        self.activity = Activity()
-        self.liveness: Optional[Liveness] = None
+        self.activity = Activity()  # what this rank does, for the watchdog and the other ranks
         self._comm_seconds = 0.0
         self._device = torch.device("cpu")
 
@@ -149,40 +132,10 @@ class Backend(abc.ABC):
         """Backend name and options, for config.json."""
         return {"name": self.name}
 
-    # --- naming a rank that stopped taking part --------------------------------------------
-    def start_liveness(self) -> None:
-        """After init (and after an elastic job re-formed): open this rank's answering port and learn
-        every rank's (a collective). See common.faults.liveness."""
-        if self.liveness is not None:
-            self.liveness.close()
-        self.liveness = Liveness(self.rank, self.activity, self.host(),
-                                 single_host=self.local_world_size == self.world_size)
-        self.liveness.know(self.all_gather_object(self.liveness.card()))
-
-    def note_step(self, step: int) -> None:
-        """Record the step this rank is on (what it answers to pings; must be cheap)."""
-        self.activity.step = step
-
     @property
     def elastic(self) -> bool:
         """Whether the job's members may change while it runs (a rank that leaves is then no failure)."""
         return False
-
-    def explain_stall(self) -> Optional[str]:
-        """After a failed or stalled collective: where the other ranks are, in one line (the ones that stopped
-        taking part, or that every rank is alive and where), or None."""
-        return self.liveness.explain() if self.liveness is not None else None
-
-    def end_stopped_peers(self) -> None:
-        """Last thing before this rank leaves a failed job: end the stopped processes of ranks on this host
-        that explain_stall() found (see common.faults.liveness.Liveness.end_stopped)."""
-        if self.liveness is not None:
-            self.liveness.end_stopped()
-
-    def close_liveness(self) -> None:
-        """Stop answering pings (on the way out)."""
-        if self.liveness is not None:
-            self.liveness.close()
 
     # --- training ------------------------------------------------------------------------
     @abc.abstractmethod

@@ -88,7 +88,7 @@ class AllreduceStep:
     def bytes_per_step(self) -> int:
         """Bytes each rank hands the allreduce per step: every gradient once, half with --compression fp16."""
         sent = sum(p.numel() * p.element_size() for p in self.plain_model.parameters() if p.requires_grad)
-        return sent // 2 if self.backend.tuning.compression == "fp16" else sent
+        return sent // 2 if self.backend.tuning.config.compression == "fp16" else sent
 
     def take_comm_seconds(self) -> float:
         """Exposed gradient-communication time since the last call, as the backend measured it."""

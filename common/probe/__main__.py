@@ -24,7 +24,7 @@ import os
 import sys
 from typing import List, NoReturn, Optional
 
-from ..errors import print_error
+from ..errors import OneLineParser, print_error
 from ..launch import userscript
 from ..launch.placement import detect
 from ..launch.startup import pause_collector, resume_collector
@@ -33,8 +33,8 @@ PROG = "probe"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m common.{PROG}", description=__doc__, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog=f"python -m common.{PROG}", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", required=True, help="the run directory rank 0 writes")
     p.add_argument("--perturb-ulp", type=int, default=0, metavar="N",
                    help="move the model's nonzero initial weights N units in the last place before its first step, "

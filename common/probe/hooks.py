@@ -19,7 +19,7 @@ import torch
 import torch.optim.optimizer as optim_module
 from torch.nn.modules import module as module_hooks
 
-from common.loop.fingerprint import tensor_norms
+from common.rundir.fingerprint import tensor_norms
 
 from .recorder import Recorder, group_settings, input_fingerprint, state_summary
 

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from common.loop.fingerprint import tensor_norms
+from common.rundir.fingerprint import tensor_norms
 
 #: param-group entries that are not settings
 NOT_SETTINGS = ("params",)

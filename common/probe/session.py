@@ -14,7 +14,7 @@ from common.checkpoints.format import file_sha256
 from common.inputs.perturb import GradientDisturbance, gradient_disturbance, perturb_ulp
 from common.launch.openmpi import MPI_YIELD_VARIABLE, yield_mpi_when_idle
 from common.launch.placement import Placement, cores
-from common.loop.fingerprint import tensor_norms
+from common.rundir.fingerprint import tensor_norms
 
 from . import assemble
 from .hooks import Hooks, distributed_world, gradient_precision, unwrap

@@ -19,7 +19,7 @@ from common.inputs.opening import Inputs
 from common.launch.placement import cores, launcher_name
 from common.loop.backend import Backend
 from common.loop.batches import Batches
-from common.loop.fingerprint import parameter_names
+from common.rundir.fingerprint import parameter_names
 from common.loop.position import Position
 from common.loop.precision import Precision
 from common.loop.profiling import StepProfiler
@@ -110,7 +110,7 @@ def config_record(run: RunSetup) -> Dict:
     """config.json: the resolved settings and everything about where and how the run ran. `factories` names
     where a model or dataset given by import path came from (None for the built-ins); `buffers` names the
     model's buffers (state that is not a parameter, such as BatchNorm's running statistics); `parameters` names
-    its parameters in the order of the step events' `wnorm` (common.loop.fingerprint)."""
+    its parameters in the order of the step events' `wnorm` (common.rundir.fingerprint)."""
     config, backend, batches, info = run.config, run.backend, run.batches, run.inputs.info
     factories = {"model": run.inputs.model_choice.record(), "dataset": info.factory}
     return {
