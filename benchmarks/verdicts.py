@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from common import launch
 from common.compare import analysis, floor, tables, trajectory
+from common.compare.results import ParityResult, as_json
 from common.rundir.names import CONFIG_FILE, LAUNCH_LOG, SUMMARY_FILE
 from common.rundir.reader import read_run
 
@@ -195,18 +196,18 @@ def floor_runs(runner: Runner, setting: Setting, count: int) -> Tuple[Optional[P
     return base, [d for d in disturbed if d is not None]
 
 
-def judge(case: Case, a, b, base, disturbed: List, margin: float) -> Dict:
+def judge(case: Case, a, b, base, disturbed: List, margin: float) -> ParityResult:
     """The verdict on one pair against a floor of these disturbed runs."""
     measured = floor.measure(base, disturbed)
     return analysis.parity(a, b, floor=measured, margin=margin)
 
 
-def correct(case: Case, pair: Dict, expected: Optional[int]) -> bool:
+def correct(case: Case, pair: ParityResult, expected: Optional[int]) -> bool:
     """Whether a verdict is right: a same-training pair not called beyond; a real difference called beyond
     from its first differing step."""
     if case.kind == "same":
-        return pair["within_noise_floor"] is not False
-    return pair["within_noise_floor"] is False and pair["trains_differently_from"] == expected
+        return pair.within_noise_floor is not False
+    return pair.within_noise_floor is False and pair.trains_differently_from == expected
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -241,12 +242,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for margin in sorted({*MARGINS, analysis.FLOOR_MARGIN}):
                 pair = judge(case, runs["a"], runs["b"], runs["base"], shadows[:k], margin)
                 judged[f"{k}@{margin:g}"] = {
-                    "verdict": pair["verdict"], "within_noise_floor": pair["within_noise_floor"],
-                    "trains_differently_from": pair["trains_differently_from"],
-                    "first_differing_step": pair["first_differing_step"],
-                    "largest_band_ratio": pair["largest_band_ratio"],
-                    "departure_ratio": (pair["departure"] or {}).get("ratio"),
-                    "branches": pair["branches"],
+                    "verdict": pair.verdict, "within_noise_floor": pair.within_noise_floor,
+                    "trains_differently_from": pair.trains_differently_from,
+                    "first_differing_step": pair.first_differing_step,
+                    "largest_band_ratio": as_json(pair.largest_band_ratio),
+                    "departure_ratio": pair.departure.ratio if pair.departure else None,
+                    "branches": pair.branches,
                     "correct": correct(case, pair, expected)}
         cases.append({"name": case.name, "kind": case.kind, "what": case.what, "setting": case.setting.name,
                       "np": case.setting.np, "a": f"{DDP} {' '.join([*case.setting.args, *case.a_extra])}".strip(),

@@ -13,8 +13,8 @@ from common.launch.hosts import DEFAULT_PORT
 from common.rundir.reader import check_comparable, number_repeats, read_run
 from . import arguments, benchmarks, report, scripts
 from . import floor
-from ..config import OneLineParser, build_parser, is_exact, positive_float, positive_int
-from ..errors import print_error
+from ..config import given_options, is_exact, positive_float, positive_int
+from ..errors import OneLineParser, print_error
 from .analysis import DEFAULT_TOLERANCE, FLOOR_MARGIN, weight_difference
 from .floor import DEFAULT_FLOOR_RUNS
 from .matrix import MatrixRunner, Training, failure_record, plan, rerun_disturbed
@@ -138,17 +138,6 @@ def measure_missing_floors(runs: List, args: argparse.Namespace) -> Dict[int, st
     return unknown
 
 
-def reduction_of(train_args: List[str]) -> str:
-    """The --reduction the training options give (allreduce, the default, when none)."""
-    value = "allreduce"
-    for i, arg in enumerate(train_args):
-        if arg == "--reduction" and i + 1 < len(train_args):
-            value = train_args[i + 1]
-        elif arg.startswith("--reduction="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the comparison; 0 when every run succeeded and every pair was judged, 1 when a run failed, 2 on bad input,
     3 (CANNOT_JUDGE) when a program did not reproduce itself, so that its pairs could not be judged."""
@@ -171,10 +160,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return fail(str(exc))
     if args.repeats < 1:
         return fail("--repeats must be >= 1")
-    if any(a == "--run-dir" or a.startswith("--run-dir=") for a in train_args):
+    # The training options, checked once here by the training parser itself (bad ones exit 2 with one line).
+    given = given_options(train_args, PROG)
+    if "run_dir" in given:
         return fail("--run-dir is set per run by the comparison; use --out for the output folder")
-    # Check the training options once, here, with the training parser itself.
-    build_parser(PROG, "training options").parse_args(train_args)
 
     try:
         bench = benchmarks.load(args.bench or args.out, args.out)
@@ -197,7 +186,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return fail(str(exc))
     else:
         # Exact mode leaves nothing to explain: its runs agree to the bit.
-        explain = [] if "none" in args.explain or is_exact({"reduction": reduction_of(train_args)}) else args.explain
+        explain = [] if "none" in args.explain or is_exact(given) else args.explain
         backends = args.backends
         if args.scripts:
             # DDP first: the noise floor's disturbed runs are the first cell's, the DDP script's
@@ -249,7 +238,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = measure_missing_floors(runs, args)
     summary = report.build(runs, failures, args.out, args.tolerance, notes, bench, unknown, args.floor_margin)
     print(f"{PROG}: report {(args.out / 'report.md').resolve()}")
-    for p in summary["parity"]:
+    for p in summary["parity"]:  # summary.json's records
         if p["kind"] != "repeat":
             print(f"  weights @{p['world_size']}: {p['a']} vs {p['b']}: {p['verdict']}")
     for v in summary["speed"]:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import combinations
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
-from common.rundir.reader import Run
+from common.rundir.reader import Run, RunId
 from . import branches, gaps, reproducible, stats, trajectory
 from .floor import JUDGED, OUTCOME
 from .reproducible import Irreproducible
+from .results import Departure, ParityResult
 
 #: max |Δw| at or below which non-identical weights are called equal (summation order only)
 DEFAULT_TOLERANCE = 1e-5
@@ -66,68 +68,65 @@ def outcome(a: Run, b: Run, floor: Optional[Dict]) -> Dict:
     return found
 
 
-def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional[Dict] = None,
-           margin: float = FLOOR_MARGIN, irreproducible: Optional[Irreproducible] = None) -> Dict:
+def parity(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE, floor: Optional[Dict[str, Any]] = None,
+           margin: float = FLOOR_MARGIN, irreproducible: Optional[Irreproducible] = None,
+           kind: str = "backends") -> ParityResult:
     """How closely two runs learned the same thing, judged where their divergence starts: per-step gaps of the
     loss and the weights' fingerprint against the noise floor's band (common.compare.trajectory), the first step
-    at which they differ and the first at which they leave the band, the learning rate, the final weights' gaps
-    per tensor, the final loss and accuracy against the floor's range, and a verdict in words. `floor` is
-    common.compare.floor's measure ({"unknown": why} when there is none). Where a program did not reproduce itself
-    at this world size (`irreproducible`, common.compare.reproducible) nothing is judged; two runs that start from
-    different weights train differently from step 0."""
+    at which they differ and the first at which they leave the band, the learning rate and the optimizer's other
+    settings, the final weights' gaps per tensor, the final loss and accuracy against the floor's range, and a
+    verdict in words. `floor` is common.compare.floor's measure ({"unknown": why} when there is none). Where a
+    program did not reproduce itself at this world size (`irreproducible`, common.compare.reproducible) nothing is
+    judged; two runs that start from different weights train differently from step 0."""
     sa, sb = a.step_states(), b.step_states()
     steps = trajectory.step_gaps(sa, sb)
     la, lb = a.step_losses(), b.step_losses()
     common_steps = sorted(set(la) & set(lb))
     diffs = [abs(la[s] - lb[s]) for s in common_steps]
     identical = a.summary.get("weights_sha256") == b.summary.get("weights_sha256")
-    max_dw = 0.0 if identical else weight_difference(a, b)
     tensors = None if identical else gaps.tensor_gaps(a, b)
-    gap = 0.0 if identical else gaps.headline(tensors)
     judged = floor is not None and "band" in floor
-    out = {
-        "a": a.name, "b": b.name, "world_size": a.world_size if a.world_size == b.world_size else None,
-        "steps_compared": len(common_steps), "loss_diff": dict(zip(common_steps, diffs)),
-        "rel_loss_diff": steps["loss"], "rel_weight_diff": steps["weights"],
-        "max_loss_diff": max(diffs) if diffs else None, "max_rel_loss_diff": max(steps["loss"].values(), default=None),
-        "first_differing_step": trajectory.first_differing(steps), "lr_difference": trajectory.lr_difference(sa, sb),
-        "setting_difference": trajectory.setting_difference(sa, sb),
-        "max_abs_weight_diff": max_dw, "bitwise_identical": identical, "gap": gap, "gaps": tensors,
-        "val_top1": [a.summary.get("val_top1"), b.summary.get("val_top1")],
-        "noise_floor": None, "floor_ratio": None, "floor_runs": None, "departure": None, "largest_band_ratio": None,
-        "branches": {}, "branch_levels": {}, "trains_differently_from": None, "within_noise_floor": None,
-        "outcome": outcome(a, b, floor if judged else None), "start_gap": reproducible.start_gap(a, b),
-        "cannot_judge": irreproducible.verdict if irreproducible is not None else None,
-    }
+    out = ParityResult(
+        a.name, b.name, a.world_size if a.world_size == b.world_size else None, kind,
+        steps_compared=len(common_steps), loss_diff=dict(zip(common_steps, diffs, strict=True)),
+        rel_loss_diff=steps["loss"], rel_weight_diff=steps["weights"], max_loss_diff=max(diffs) if diffs else None,
+        max_rel_loss_diff=max(steps["loss"].values(), default=None),
+        first_differing_step=trajectory.first_differing(steps), lr_difference=trajectory.lr_difference(sa, sb),
+        setting_difference=trajectory.setting_difference(sa, sb),
+        max_abs_weight_diff=0.0 if identical else weight_difference(a, b), bitwise_identical=identical,
+        gap=0.0 if tensors is None else gaps.headline(tensors), gaps=tensors,
+        val_top1=[a.summary.get("val_top1"), b.summary.get("val_top1")],
+        outcome=outcome(a, b, floor if judged else None), start_gap=reproducible.start_gap(a, b),
+        cannot_judge=irreproducible.verdict if irreproducible is not None else None)
     if irreproducible is not None:
-        out["verdict"] = irreproducible.verdict
+        out.verdict = irreproducible.verdict
         return out
     if judged and not identical:
+        assert floor is not None
         against = branches.judged_band(steps, floor, margin)
         levels = branches.levels(against)
         departure = trajectory.departure(steps, levels, margin)
-        out.update(noise_floor=floor["gap"], floor_runs=floor["runs"],
-                   floor_ratio=gap / floor["gap"] if floor["gap"] > 0 else float("inf"),
-                   departure=departure and {**departure, "branch": branches.branch_of(departure, against)},
-                   largest_band_ratio=trajectory.largest_ratio(steps, levels),
-                   branches={q: j["branch"] for q, j in against.items() if j["needed"]},
-                   branch_levels=branches.branch_levels(against))
-    starts = [d for d in (out["departure"] and out["departure"]["step"],
-                          out["lr_difference"] and out["lr_difference"]["step"] + 1,
-                          out["setting_difference"] and out["setting_difference"]["acts"]) if d]
-    if out["start_gap"]:  # apart before the first step, whatever the floor says
+        out.noise_floor, out.floor_runs = floor["gap"], floor["runs"]
+        out.floor_ratio = out.gap / floor["gap"] if floor["gap"] > 0 else float("inf")
+        out.departure = departure and replace(departure, branch=branches.branch_of(departure, against))
+        out.largest_band_ratio = trajectory.largest_ratio(steps, levels)
+        out.branches = {q: j["branch"] for q, j in against.items() if j["needed"]}
+        out.branch_levels = branches.branch_levels(against)
+    starts = [d for d in (out.departure and out.departure.step, out.lr_difference and out.lr_difference.step + 1,
+                          out.setting_difference and out.setting_difference.acts) if d]
+    if out.start_gap:  # apart before the first step, whatever the floor says
         starts.append(0)
     if not identical and starts:
-        out["trains_differently_from"] = min(starts)
+        out.trains_differently_from = min(starts)
     if judged and not identical:
-        out["within_noise_floor"] = out["trains_differently_from"] is None
-    elif out["start_gap"] and not identical:
-        out["within_noise_floor"] = False
-    out["verdict"] = _verdict(out, tolerance, gaps.dominant(tensors), floor, margin)
+        out.within_noise_floor = out.trains_differently_from is None
+    elif out.start_gap and not identical:
+        out.within_noise_floor = False
+    out.verdict = _verdict(out, tolerance, gaps.dominant(tensors), floor)
     return out
 
 
-def _outcome_text(o: Dict) -> str:
+def _outcome_text(o: Dict[str, Any]) -> str:
     """'; same outcome: ...' or '; X ends with val top-1 ..., N points lower than rounding explains' (empty
     without a floor's range)."""
     if o["range"] is None:
@@ -144,58 +143,59 @@ def _outcome_text(o: Dict) -> str:
     return "; " + "; ".join(parts)
 
 
-def _reached(d: Dict) -> str:
+def _reached(d: Departure) -> str:
     """What a departure's gap was judged against, in words: the band by its step, or the floor's branches as many
     steps after theirs started as the pair's is after its own."""
-    if d["branch"] is None:
-        return f"rounding gives by then ({d['band']:.1e})"
-    after = d["step"] - d["branch"]
+    if d.branch is None:
+        return f"rounding gives by then ({d.band:.1e})"
+    after = d.step - d.branch
     if after == 0:
-        return f"a branch of rounding starts from ({d['band']:.1e})"
-    return (f"rounding's branches reach {after} step{'s' if after != 1 else ''} after they start ({d['band']:.1e}; "
-            f"this one started at step {d['branch']})")
+        return f"a branch of rounding starts from ({d.band:.1e})"
+    return (f"rounding's branches reach {after} step{'s' if after != 1 else ''} after they start ({d.band:.1e}; "
+            f"this one started at step {d.branch})")
 
 
-def _verdict(p: Dict, tolerance: float, tensor: Optional[str], floor: Optional[Dict], margin: float) -> str:
-    if p["bitwise_identical"]:
+def _verdict(p: ParityResult, tolerance: float, tensor: Optional[str], floor: Optional[Dict[str, Any]]) -> str:
+    if p.bitwise_identical:
         return "bitwise identical"
     where = f", most in {tensor}" if tensor else ""
-    lr = p["lr_difference"]
-    lr_text = f"the learning rate differs from step {lr['step']} ({lr['a']:.4g} vs {lr['b']:.4g})" if lr else ""
-    setting = p["setting_difference"]
-    setting_text = (f"the optimizer's {setting['setting'].replace('_', ' ')} differs from step {setting['step']} "
-                    f"({setting['a']} vs {setting['b']})") if setting else ""
-    if p["within_noise_floor"] is False:
-        d = p["departure"]
-        why = [f"the initial weights {p['start_gap']:.1e} apart (the largest relative gap of a tensor's norm)"] \
-            if p["start_gap"] else []
-        why += [f"{trajectory.WORDS[d['quantity']]} {d['gap']:.1e} apart at step {d['step']}, {d['ratio']:.3g}x what "
-                f"{_reached(d)}"] if d and not p["start_gap"] else []
+    lr = p.lr_difference
+    lr_text = f"the learning rate differs from step {lr.step} ({lr.a:.4g} vs {lr.b:.4g})" if lr else ""
+    setting = p.setting_difference
+    setting_text = (f"the optimizer's {setting.setting.replace('_', ' ')} differs from step {setting.step} "
+                    f"({setting.a} vs {setting.b})") if setting else ""
+    if p.within_noise_floor is False:
+        d = p.departure
+        why = [f"the initial weights {p.start_gap:.1e} apart (the largest relative gap of a tensor's norm)"] \
+            if p.start_gap else []
+        why += [f"{trajectory.WORDS[d.quantity]} {d.gap:.1e} apart at step {d.step}, {d.ratio:.3g}x what "
+                f"{_reached(d)}"] if d and not p.start_gap else []
         why += [text for text in (lr_text, setting_text) if text]
-        judged = "beyond the noise floor: trains" if p["noise_floor"] is not None else "trains"
-        return (f"{judged} differently from step {p['trains_differently_from']} "
-                f"({'; '.join(why)}){_outcome_text(p['outcome'])}")
-    if p["max_abs_weight_diff"] <= tolerance:
-        return f"equal within {p['max_abs_weight_diff']:.1e}"
-    if p["within_noise_floor"] is True:
-        largest = p["largest_band_ratio"]
-        most = (f", at most {largest['ratio']:.2g}x what rounding gives ({trajectory.WORDS[largest['quantity']]}, step "
-                f"{largest['step']})") if largest else ""
+        judged = "beyond the noise floor: trains" if p.noise_floor is not None else "trains"
+        return (f"{judged} differently from step {p.trains_differently_from} "
+                f"({'; '.join(why)}){_outcome_text(p.outcome)}")
+    if p.max_abs_weight_diff <= tolerance:
+        return f"equal within {p.max_abs_weight_diff:.1e}"
+    if p.within_noise_floor is True:
+        largest = p.largest_band_ratio
+        most = (f", at most {largest.ratio:.2g}x what rounding gives ({trajectory.WORDS[largest.quantity]}, step "
+                f"{largest.step})") if largest else ""
         branched = "".join(f", {trajectory.WORDS[q]} branching at step {step} and growing as the floor's runs do "
                            f"after they branch"
-                           for q, step in sorted(p["branches"].items(), key=lambda item: item[1]))
-        return (f"within the noise floor: rounding apart from step {p['first_differing_step']}{branched}{most} over "
-                f"{p['floor_runs']} disturbed run{'s' if p['floor_runs'] != 1 else ''}; parameters end {p['gap']:.2g} "
-                f"apart (‖Δ‖/‖w‖{where}), rounding alone up to {p['noise_floor']:.2g}{_outcome_text(p['outcome'])}")
-    step = p["first_differing_step"]
-    why = (floor or {}).get("unknown") or f"no disturbed run at world size {p['world_size']}"
-    return (f"differs: parameters by {p['gap']:.2g} (‖Δ‖/‖w‖{where}), final max |Δw| {p['max_abs_weight_diff']:.3g}"
+                           for q, step in sorted(p.branches.items(), key=lambda item: item[1]))
+        return (f"within the noise floor: rounding apart from step {p.first_differing_step}{branched}{most} over "
+                f"{p.floor_runs} disturbed run{'s' if p.floor_runs != 1 else ''}; parameters end {p.gap:.2g} "
+                f"apart (‖Δ‖/‖w‖{where}), rounding alone up to {p.noise_floor:.2g}{_outcome_text(p.outcome)}")
+    step = p.first_differing_step
+    why = (floor or {}).get("unknown") or f"no disturbed run at world size {p.world_size}"
+    return (f"differs: parameters by {p.gap:.2g} (‖Δ‖/‖w‖{where}), final max |Δw| {p.max_abs_weight_diff:.3g}"
             f"{f', first differing step {step}' if step is not None else ''}"
             f"{''.join('; ' + text for text in (lr_text, setting_text) if text)}; noise floor unknown ({why})")
 
 
 def parity_table(runs: List[Run], tolerance: float = DEFAULT_TOLERANCE, floors: Optional[Dict[int, Dict]] = None,
-                 margin: float = FLOOR_MARGIN, irreproducible: Optional[Dict[int, Irreproducible]] = None) -> List[Dict]:
+                 margin: float = FLOOR_MARGIN, irreproducible: Optional[Dict[int, Irreproducible]] = None,
+                 ) -> List[ParityResult]:
     """Parity of every pair of first runs at each world size: of two backends (kind "backends"), or of one
     backend with different settings (kind "settings"); the explaining variants, labelled backend+variant, are
     left to common.compare.explain. Then repeats of a run against its first (kind "repeat", reproducibility).
@@ -203,18 +203,18 @@ def parity_table(runs: List[Run], tolerance: float = DEFAULT_TOLERANCE, floors: 
     measure, or {"unknown": why}); at a world size where a program did not reproduce itself (`irreproducible`)
     none is judged."""
     floors, irreproducible = floors or {}, irreproducible or {}
-    out = []
+    out: List[ParityResult] = []
     firsts = [r for r in runs if r.repeat == 0]
-    for a, b in combinations([r for r in firsts if "+" not in r.label], 2):
+    for a, b in combinations([r for r in firsts if not r.identity.is_variant], 2):
         if a.world_size == b.world_size:
             kind = "backends" if a.label != b.label else "settings"
-            out.append({"kind": kind, **parity(a, b, tolerance, floors.get(a.world_size), margin,
-                                               irreproducible.get(a.world_size))})
+            out.append(parity(a, b, tolerance, floors.get(a.world_size), margin, irreproducible.get(a.world_size),
+                              kind))
     for run in runs:
         if run.repeat > 0:
             base = next(r for r in firsts if r.key == run.key)
-            out.append({"kind": "repeat", **parity(base, run, tolerance, floors.get(run.world_size), margin,
-                                                   irreproducible.get(run.world_size))})
+            out.append(parity(base, run, tolerance, floors.get(run.world_size), margin,
+                              irreproducible.get(run.world_size), "repeat"))
     return out
 
 
@@ -273,8 +273,9 @@ def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
     has cores measured the contention for cores, not the backends: said so, and never called significant."""
     by_world: Dict[int, List[str]] = {}
     for key in throughput:
-        if "+" not in key:  # the explaining variants are no backend of their own
-            by_world.setdefault(int(key.split("@")[1]), []).append(key)
+        identity = RunId.parse(key)
+        if not identity.is_variant:  # the explaining variants are no backend of their own
+            by_world.setdefault(identity.world_size, []).append(key)
     out = []
     for world, keys in sorted(by_world.items()):
         for ka, kb in combinations(sorted(keys), 2):
@@ -297,11 +298,11 @@ def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
             where = span(sorted(set(f["hosts"]) | set(s["hosts"])))
             shown = f", {conditions_text(busiest)}" if busiest and not contended(busiest) else ""
             out.append({
-                "world_size": world, "faster": fast.split("@")[0], "slower": slow.split("@")[0],
+                "world_size": world, "faster": RunId.parse(fast).label, "slower": RunId.parse(slow).label,
                 "ratio": ratio, "percent": 100 * (ratio - 1), "significant": significant,
                 "hosts": sorted(set(f["hosts"]) | set(s["hosts"])), "conditions": busiest,
                 "contended": contended(busiest),
-                "verdict": f"{fast.split('@')[0]} is {100 * (ratio - 1):.1f}% faster than {slow.split('@')[0]} "
+                "verdict": f"{RunId.parse(fast).label} is {100 * (ratio - 1):.1f}% faster than {RunId.parse(slow).label} "
                            f"at world size {world} {where}{shown} ({f['median']:.0f} vs {s['median']:.0f} "
                            f"samples/s); difference {noise}",
             })

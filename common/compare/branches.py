@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+from .results import Departure
 from .trajectory import EPS32, QUANTITIES, band, band_at, first_differing
 
 
@@ -75,9 +76,9 @@ def branch_levels(judged: Dict[str, Dict]) -> Dict[str, Dict[int, float]]:
             if j["from_branches"]}
 
 
-def branch_of(departure: Optional[Dict], judged: Dict[str, Dict]) -> Optional[int]:
+def branch_of(departure: Optional[Departure], judged: Dict[str, Dict]) -> Optional[int]:
     """The step the pair's branch started, when a departure was judged against the floor's branches (else None)."""
     if departure is None:
         return None
-    j = judged[departure["quantity"]]
-    return j["branch"] if departure["step"] in j["from_branches"] else None
+    j = judged[departure.quantity]
+    return j["branch"] if departure.step in j["from_branches"] else None

@@ -12,8 +12,9 @@ likely mistake and the section of the migration guide that covers it.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+from .results import Cause
 from .trajectory import relative
 
 GUIDE = "docs/migrating-from-horovod.md"
@@ -55,12 +56,11 @@ def _largest_gap(x: List[Optional[float]], y: List[Optional[float]]) -> float:
     return max(gaps, default=0.0)
 
 
-def _cause(step: Optional[int], quantity: str, text: str, section: str, **numbers) -> Dict:
-    return {"step": step, "quantity": quantity, "text": text, "numbers": numbers,
-            "guide": f"{GUIDE}{SECTIONS[section]}"}
+def _cause(step: Optional[int], quantity: str, text: str, section: str, **numbers: Any) -> Cause:
+    return Cause(step, quantity, text, f"{GUIDE}{SECTIONS[section]}", numbers)
 
 
-def _ranks_apart(a, b) -> Optional[Dict]:
+def _ranks_apart(a, b) -> Optional[Cause]:
     """The ranks of one run starting from different weights."""
     for run in (a, b):
         start = (_events(run, "start") or [{}])[0]
@@ -75,7 +75,7 @@ def _ranks_apart(a, b) -> Optional[Dict]:
     return None
 
 
-def _built_apart(a, b) -> Optional[Dict]:
+def _built_apart(a, b) -> Optional[Cause]:
     """The two runs starting from different weights (rank 0's)."""
     start_a, start_b = ((_events(r, "start") or [{}])[0].get("wnorm") for r in (a, b))
     gap = _largest_gap(start_a, start_b)
@@ -92,7 +92,7 @@ def _effective_state(summary: Dict) -> Dict:
     return {"steps": summary.get("steps") or [], "momentum": momentum if any(momentum) else []}
 
 
-def _stepless(a, b, before: int) -> Optional[Dict]:
+def _stepless(a, b, before: int) -> Optional[Cause]:
     """An optimizer step without a backward before training in one script and not the other, when it mattered:
     it moved the weights, or its state changes the first real step."""
     counts = {run.name: [e for e in _events(run, "stepless") if e.get("before_step", 1) <= before] for run in (a, b)}
@@ -115,7 +115,7 @@ def _stepless(a, b, before: int) -> Optional[Dict]:
                   "zero-step", run=run.name, weights_moved=moved, weight_decay=decay)
 
 
-def _inputs(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Dict]:
+def _inputs(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
     ranks_a, ranks_b = sa.get("ranks") or [], sb.get("ranks") or []
     for rank, (x, y) in enumerate(zip(ranks_a, ranks_b)):
         if x.get("inputs") == y.get("inputs"):
@@ -145,7 +145,7 @@ def _repeats_first_epoch(a, b, step: int, rank: int) -> Optional[str]:
     return None
 
 
-def _settings(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Dict]:
+def _settings(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
     world = a.world_size
     for index, (x, y) in enumerate(zip(sa.get("groups") or [], sb.get("groups") or [])):
         for key in sorted(set(x) & set(y)):
@@ -168,7 +168,7 @@ def _settings(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Dict]:
     return None
 
 
-def _state(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Dict]:
+def _state(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
     x, y = (_effective_state(s.get("state") or {}) for s in (sa, sb))
     if x["steps"] == y["steps"] and _largest_gap(x["momentum"], y["momentum"]) <= GRADIENT_TOLERANCE:
         return None
@@ -201,7 +201,7 @@ def _rounding_reach(a, b) -> Optional[Tuple[str, float, List[str]]]:
     return None
 
 
-def _gradients(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Dict]:
+def _gradients(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
     ga, gb = sa.get("gnorm") or [], sb.get("gnorm") or []
     gap = _largest_gap(ga, gb)
     if gap <= GRADIENT_TOLERANCE:
@@ -231,7 +231,7 @@ def _gradients(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Dict]:
                   "reduction", "gradients")
 
 
-def explain(a, b, parts_at: Optional[int]) -> Optional[Dict]:
+def explain(a, b, parts_at: Optional[int]) -> Optional[Cause]:
     """The cause of two script runs parting at step `parts_at` (None: they do not), or None."""
     if parts_at is None or not (is_script_run(a) and is_script_run(b)):
         return None

@@ -12,6 +12,7 @@ the range of the final loss and accuracy over the base and its disturbed runs.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Callable, Dict, List, Optional
 
 from common.rundir.reader import DISTURBED, Run, learned_settings
@@ -27,12 +28,13 @@ JUDGED = ("val_top1",)
 
 def is_disturbed(run: Run) -> bool:
     """A run made with --perturb-ulp."""
-    return "+" + DISTURBED in run.label
+    return run.identity.is_disturbed
 
 
 def base_label(run: Run) -> str:
     """The label of the undisturbed run a disturbed run is measured against: ddp for ddp+perturbed2."""
-    return run.label.split("+" + DISTURBED)[0]
+    identity = run.identity
+    return replace(identity, variants=tuple(v for v in identity.variants if not v.startswith(DISTURBED))).label
 
 
 def signature(run: Run) -> str:
@@ -100,7 +102,7 @@ def missing(runs: List[Run], differ: Callable[[Run, Run], bool]) -> List[int]:
     measured = floors(runs)
     out = []
     for world in sorted({r.world_size for r in runs} - set(measured)):
-        plain = [r for r in runs if r.world_size == world and "+" not in r.label]
+        plain = [r for r in runs if r.world_size == world and not r.identity.is_variant]
         if any(differ(a, b) for i, a in enumerate(plain) for b in plain[i + 1:]
                if a.summary.get("weights_sha256") != b.summary.get("weights_sha256")):
             out.append(world)
@@ -109,6 +111,6 @@ def missing(runs: List[Run], differ: Callable[[Run, Run], bool]) -> List[int]:
 
 def to_disturb(runs: List[Run], world_size: int) -> Optional[Run]:
     """The run whose recorded settings a floor at `world_size` reruns: DDP's first when there is one."""
-    firsts = sorted((r for r in runs if r.world_size == world_size and r.repeat == 0 and "+" not in r.label),
+    firsts = sorted((r for r in runs if r.world_size == world_size and r.repeat == 0 and not r.identity.is_variant),
                     key=lambda r: (not r.label.startswith("ddp"), r.label))
     return firsts[0] if firsts else None

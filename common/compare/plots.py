@@ -14,6 +14,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from common.rundir.reader import Run  # noqa: E402
 from . import floor, speed_plots  # noqa: E402
+from .results import ParityResult  # noqa: E402
 from .speed_plots import empty, save  # noqa: E402
 
 #: every figure of a report, by its name in summary.json
@@ -82,18 +83,18 @@ def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None)
     return save(fig, out / PLOTS["curves"])
 
 
-def parity(pairs: List[Dict], floors: Dict[int, Dict], out: Path, margin: Optional[float] = None) -> str:
+def parity(pairs: List[ParityResult], floors: Dict[int, Dict], out: Path, margin: Optional[float] = None) -> str:
     """Draw parity_figure into `out` (parity.png); the file's name."""
     return save(parity_figure(pairs, floors, margin), out / PLOTS["parity"])
 
 
-def parity_figure(pairs: List[Dict], floors: Dict[int, Dict], margin: Optional[float] = None):
+def parity_figure(pairs: List[ParityResult], floors: Dict[int, Dict], margin: Optional[float] = None):
     """Per-step gaps of every pair that is not a repeat, the loss (left) and the weights' fingerprint (middle),
     each with its world size's noise-floor band shaded, `margin` times the band dashed, `margin` times the floor's
     branches dashed in a pair's colour where the pair is judged against those (common.compare.branches), and the
     step where a pair trains differently marked; right: the final parameters' largest ‖Δ‖/‖w‖ per pair, the
     floor's marked."""
-    pairs = [p for p in pairs if p["kind"] != "repeat"]
+    pairs = [p for p in pairs if p.kind != "repeat"]
     fig, (ax_loss, ax_fp, ax_w) = plt.subplots(1, 3, figsize=(16, 4.5))
     tiny = 1e-12
     bottom = 1e-9  # two orders of magnitude below a float32 number's last bit
@@ -109,39 +110,39 @@ def parity_figure(pairs: List[Dict], floors: Dict[int, Dict], margin: Optional[f
                     ax.step(xs, [margin * band[s] for s in steps], where="post", color="gray", ls="--", lw=0.8,
                             label=f"{margin:g}x the floor: beyond it, trains differently")
         for p in pairs:
-            series = p[key]
+            series = getattr(p, key)
             steps = sorted(series, key=int)
             if not steps:
                 continue
             # a zero gap (the same bits) has no place on a log axis: the line breaks there
             line, = ax.plot([int(s) for s in steps], [series[s] if series[s] > 0 else float("nan") for s in steps],
-                            lw=1, marker=".", ms=2, label=f"{p['a']} vs {p['b']}")
-            start = p.get("trains_differently_from")
+                            lw=1, marker=".", ms=2, label=f"{p.a} vs {p.b}")
+            start = p.trains_differently_from
             if start is not None:
                 ax.axvline(int(start), color=line.get_color(), ls=":", lw=1)
             # after a branch of its own, a pair is judged against the floor's branches, not the band: draw that
-            judged = p.get("branch_levels", {}).get(quantity) or {}
+            judged = p.branch_levels.get(quantity) or {}
             if judged and margin:
                 at = sorted(judged, key=int)
                 ax.step([int(s) for s in at], [margin * judged[s] for s in at], where="post", color=line.get_color(),
-                        ls="--", lw=0.8, label=f"{margin:g}x rounding's branches, judging {p['a']} vs {p['b']}")
+                        ls="--", lw=0.8, label=f"{margin:g}x rounding's branches, judging {p.a} vs {p.b}")
         title = "rank 0's loss" if quantity == "loss" else "the weights' fingerprint (per-tensor norms)"
         ax.set(xlabel="step", ylabel="relative gap", title=f"Per-step gap of {title}", yscale="log")
         ax.set_ylim(bottom=bottom)
-    names = [f"{p['a']}\nvs {p['b']}" for p in pairs]
-    values = [max(p["gap"], tiny) if p["gap"] != float("inf") else 1.0 for p in pairs]
-    colors = ["#66c2a5" if p["bitwise_identical"] or p["within_noise_floor"] else
-              "#fc8d62" if p["within_noise_floor"] is False else "#bbbbbb" for p in pairs]
+    names = [f"{p.a}\nvs {p.b}" for p in pairs]
+    values = [max(p.gap, tiny) if p.gap != float("inf") else 1.0 for p in pairs]
+    colors = ["#66c2a5" if p.bitwise_identical or p.within_noise_floor else
+              "#fc8d62" if p.within_noise_floor is False else "#bbbbbb" for p in pairs]
     bars = ax_w.bar(names, values, color=colors)
     for i, (bar, p) in enumerate(zip(bars, pairs)):
-        ax_w.annotate("identical" if p["bitwise_identical"] else f"{p['gap']:.1e}",
+        ax_w.annotate("identical" if p.bitwise_identical else f"{p.gap:.1e}",
                       (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=7)
-        if p["noise_floor"] is not None:
-            ax_w.plot([i - 0.4, i + 0.4], [max(p["noise_floor"], tiny)] * 2, color="black", ls="--",
-                      label="noise floor" if i == next(j for j, q in enumerate(pairs) if q["noise_floor"] is not None)
+        if p.noise_floor is not None:
+            ax_w.plot([i - 0.4, i + 0.4], [max(p.noise_floor, tiny)] * 2, color="black", ls="--",
+                      label="noise floor" if i == next(j for j, q in enumerate(pairs) if q.noise_floor is not None)
                       else None)
     ax_w.set_yscale("log")
-    marks = values + [max(p["noise_floor"], tiny) for p in pairs if p["noise_floor"] is not None]
+    marks = values + [max(p.noise_floor, tiny) for p in pairs if p.noise_floor is not None]
     if marks:
         ax_w.set_ylim(min(marks) / 10, max(marks) * 10)
     ax_w.set(ylabel="parameters' largest ‖Δ‖/‖w‖", title="Final weight gap (green: identical or within the floor)")

@@ -9,9 +9,10 @@ from typing import Dict, List, Optional
 
 from common.config import is_exact
 from common.rundir.names import SUMMARY_FILE
-from common.rundir.reader import Run, setting_differences
+from common.rundir.reader import Run, RunId, setting_differences
 from common.rundir.writer import json_safe
 from . import analysis, benchmarks, causes, explain, floor, plots, reproducible, speed_plots
+from .results import as_json
 from .tables import markdown as _table, number as _fmt
 
 
@@ -28,12 +29,12 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
     pairs = analysis.parity_table(runs, tolerance, judged, margin, irreproducible)
     by_name = {run.name: run for run in runs}
     for p in pairs:  # scripts the probe followed: why they part, where they do
-        parts = p["trains_differently_from"] if p["trains_differently_from"] is not None else (
-            p["first_differing_step"] if p["within_noise_floor"] is None and not p["bitwise_identical"]
-            and not p["cannot_judge"] else None)
-        p["cause"] = causes.explain(by_name[p["a"]], by_name[p["b"]], parts)
-        if p["cause"]:
-            p["verdict"] += f"; cause: {p['cause']['text']} (see {p['cause']['guide']})"
+        parts = p.trains_differently_from if p.trains_differently_from is not None else (
+            p.first_differing_step if p.within_noise_floor is None and not p.bitwise_identical
+            and not p.cannot_judge else None)
+        p.cause = causes.explain(by_name[p.a], by_name[p.b], parts)
+        if p.cause:
+            p.verdict += f"; cause: {p.cause.text} (see {p.cause.guide})"
     throughput = analysis.throughput_table(runs)
     speed = analysis.speed_verdicts(runs, throughput)
     scaling = analysis.scaling_table(throughput)
@@ -55,7 +56,7 @@ def build(runs: List[Run], failures: List[Dict], out: Path, tolerance: float, no
                   "hosts": r.config.get("hosts"), "launcher": r.config.get("launcher"),
                   "versions": r.config.get("versions"), "settings": r.settings} for r in runs],
         "failures": failures,
-        "parity": pairs,
+        "parity": as_json(pairs),
         "noise_floors": floors,
         "irreproducible": {world: dataclasses.asdict(found) for world, found in irreproducible.items()},
         "floor_margin": margin,
@@ -119,7 +120,7 @@ def _markdown(s: Dict, runs: List[Run], bench_section: List[str]) -> str:
     for v in s["speed"]:
         md.append(f"- **Speed**: {v['verdict']}.")
     for label, points in sorted(s["scaling_efficiency"].items()):
-        if "+" in label:  # an explaining variant, run at one world size only
+        if RunId.parse(f"{label}@1").is_variant:  # an explaining variant, run at one world size only
             continue
         shown = ", ".join(f"{_fmt(e, '.2f')} at {w}" for w, e in sorted(points.items(), key=lambda x: int(x[0]))
                           if w != "1")

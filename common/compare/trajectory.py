@@ -18,6 +18,8 @@ from __future__ import annotations
 import bisect
 from typing import Callable, Dict, List, Optional
 
+from .results import BandRatio, Departure, LrDifference, SettingDifference
+
 #: the unit roundoff of float32: two float32 numbers a relative 1.2e-7 apart differ in their last bit. No band
 #: is narrower (a logged float32 loss cannot tell smaller gaps from none)
 EPS32 = 2.0 ** -23
@@ -47,12 +49,12 @@ def step_gaps(a: Dict[int, Dict], b: Dict[int, Dict]) -> Dict[str, Dict[int, flo
     return out
 
 
-def lr_difference(a: Dict[int, Dict], b: Dict[int, Dict]) -> Optional[Dict]:
-    """The first step whose learning rate differs, {"step", "a", "b"}, or None."""
+def lr_difference(a: Dict[int, Dict], b: Dict[int, Dict]) -> Optional[LrDifference]:
+    """The first step whose learning rate differs, or None."""
     for step in sorted(set(a) & set(b)):
         x, y = a[step].get("lr"), b[step].get("lr")
         if x is not None and y is not None and relative(x, y) > 1e-9:
-            return {"step": step, "a": x, "b": y}
+            return LrDifference(step, x, y)
     return None
 
 
@@ -60,17 +62,17 @@ def lr_difference(a: Dict[int, Dict], b: Dict[int, Dict]) -> Optional[Dict]:
 SECOND_UPDATE = ("momentum", "dampening")
 
 
-def setting_difference(a: Dict[int, Dict], b: Dict[int, Dict]) -> Optional[Dict]:
+def setting_difference(a: Dict[int, Dict], b: Dict[int, Dict]) -> Optional[SettingDifference]:
     """The first step whose optimizer settings other than the learning rate differ (a weight decay, a momentum,
-    Adam's betas, another optimizer): {"step", "group", "setting", "a", "b", "acts"}, where `acts` is the first step
-    whose forward pass sees its effect (the next step's, or for a momentum the one after), or None."""
+    Adam's betas, another optimizer), with `acts`, the first step whose forward pass sees its effect (the next
+    step's, or for a momentum the one after), or None."""
     for step in sorted(set(a) & set(b)):
         x, y = a[step].get("optimizer") or [], b[step].get("optimizer") or []
         for group, (u, v) in enumerate(zip(x, y)):
             for key in sorted(set(u) | set(v)):
                 if key in u and key in v and not _same(u[key], v[key]):
                     acts = step + (2 if key in SECOND_UPDATE else 1)
-                    return {"step": step, "group": group, "setting": key, "a": u[key], "b": v[key], "acts": acts}
+                    return SettingDifference(step, group, key, u[key], v[key], acts)
     return None
 
 
@@ -113,31 +115,30 @@ def band_at(series: Dict[int, float]) -> Callable[[int], float]:
 
 
 def departure(gaps: Dict[str, Dict[int, float]], floor_band: Dict[str, Dict[int, float]],
-              margin: float) -> Optional[Dict]:
-    """The first step where a quantity's gap is more than `margin` times the band: {"step", "quantity", "gap",
-    "band", "ratio"} (the largest ratio among the quantities that leave at that step), or None."""
+              margin: float) -> Optional[Departure]:
+    """The first step where a quantity's gap is more than `margin` times the band (the largest ratio among the
+    quantities that leave at that step), or None."""
     found = []
     for q in QUANTITIES:
         band_of = band_at(floor_band[q])
         for step in sorted(gaps[q]):
             level = band_of(step)
             if gaps[q][step] > margin * level:
-                found.append({"step": step, "quantity": q, "gap": gaps[q][step], "band": level,
-                              "ratio": gaps[q][step] / level})
+                found.append(Departure(step, q, gaps[q][step], level, gaps[q][step] / level))
                 break
     if not found:
         return None
-    first = min(d["step"] for d in found)
-    return max((d for d in found if d["step"] == first), key=lambda d: d["ratio"])
+    first = min(d.step for d in found)
+    return max((d for d in found if d.step == first), key=lambda d: d.ratio)
 
 
-def largest_ratio(gaps: Dict[str, Dict[int, float]], floor_band: Dict[str, Dict[int, float]]) -> Optional[Dict]:
-    """The step and quantity where the pair's gap is largest against the band: {"step", "quantity", "ratio"}."""
-    best = None
+def largest_ratio(gaps: Dict[str, Dict[int, float]], floor_band: Dict[str, Dict[int, float]]) -> Optional[BandRatio]:
+    """The step and quantity where the pair's gap is largest against the band."""
+    best: Optional[BandRatio] = None
     for q in QUANTITIES:
         band_of = band_at(floor_band[q])
         for step, gap in gaps[q].items():
             ratio = gap / band_of(step)
-            if best is None or ratio > best["ratio"]:
-                best = {"step": step, "quantity": q, "ratio": ratio}
+            if best is None or ratio > best.ratio:
+                best = BandRatio(step, q, ratio)
     return best

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -18,13 +19,68 @@ MUST_MATCH = ("model", "dataset", "seed", "batch_size")
 DISTURBED = "perturbed"
 #: settings that never change what is learned, so they are not reported as differences
 IGNORED = ("run_dir", "log_every", "eval_every", "workers", "device")
+#: param-group entries that are no setting of a step: the learning rate (compared on its own, step by step), the
+#: scheduler's record of it, and how the step is computed (the same arithmetic, other rounding)
+NOT_OPTIMIZER_SETTINGS = ("lr", "initial_lr", "foreach", "fused", "capturable", "differentiable", "decoupled_weight_decay")
 #: settings a run's label carries (ddp+perturbed2, horovod-gloo+predivide): they do not set runs of one label apart
 LABELLED = ("perturb_ulp", "perturb_pattern", "predivide", "deterministic")
 
 
+#: how a run's name is spelled: label (backend, then +variants), settings tag, @world size, #repeat (1-based)
+NAME = re.compile(r"^(?P<backend>[^+\[@#]+)(?P<variants>(?:\+[^+\[@#]+)*)(?P<tag>\[[^\]]*\])?@(?P<world>\d+)"
+                  r"(?:#(?P<repeat>\d+))?$")
+
+
+@dataclass(frozen=True)
+class RunId:
+    """Who a run is among the runs compared: its backend (ddp, horovod-gloo, horovod-mpi, ...), the variants that
+    change how it runs (predivide, deterministic; perturbed2, a disturbed run of the noise floor), the settings
+    that set it apart from other runs of its backend (`tag`, "[lr=0.0012]"), its world size and which repeat it
+    is (0-based). Spelled `label` (ddp+perturbed2), `key` (label, tag and world size: runs of one key are
+    repeats) and `name` (ddp+perturbed2[lr=0.0012]@3#1); `parse` reads a key or a name back."""
+
+    backend: str
+    variants: Tuple[str, ...] = ()
+    tag: str = ""
+    world_size: int = 1
+    repeat: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.backend + "".join(f"+{v}" for v in self.variants)
+
+    @property
+    def key(self) -> str:
+        return f"{self.label}{self.tag}@{self.world_size}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}#{self.repeat + 1}"
+
+    @property
+    def is_variant(self) -> bool:
+        """A run of an explaining variant or of the noise floor: no backend of its own."""
+        return bool(self.variants)
+
+    @property
+    def is_disturbed(self) -> bool:
+        """A run of the noise floor (--perturb-ulp)."""
+        return any(v.startswith(DISTURBED) for v in self.variants)
+
+    @classmethod
+    def parse(cls, text: str) -> "RunId":
+        """A run's name or key; ValueError when it is neither."""
+        found = NAME.match(text)
+        if not found:
+            raise ValueError(f"{text!r} is not a run's name (label@world#repeat)")
+        variants = tuple(v for v in found["variants"].split("+") if v)
+        return cls(found["backend"], variants, found["tag"] or "", int(found["world"]),
+                   int(found["repeat"]) - 1 if found["repeat"] else 0)
+
+
 def run_name(label: str, world_size: int, repeat: int) -> str:
-    """How the comparison names a run: backend@world size#repeat (1-based), e.g. ddp@2#1."""
-    return f"{label}@{world_size}#{repeat + 1}"
+    """How the comparison names a run: label@world size#repeat (1-based), e.g. ddp@2#1."""
+    return replace(RunId.parse(f"{label}@{world_size}"), repeat=repeat).name
 
 
 @dataclass
@@ -51,30 +107,36 @@ class Run:
         return int(self.summary["world_size"])
 
     @property
-    def label(self) -> str:
-        """Backend and, for Horovod, its controller, then the variants that change how it sums:
-        ddp, horovod-gloo, horovod-mpi, horovod-gloo+predivide, horovod-gloo+deterministic; a run whose
-        initial weights were disturbed (--perturb-ulp) ends in +perturbed and its --perturb-pattern: ddp+perturbed1."""
+    def identity(self) -> RunId:
+        """Backend and, for Horovod, its controller (ddp, horovod-gloo, horovod-mpi), the variants that change how
+        it sums (predivide, deterministic) and, for a run whose initial weights were disturbed (--perturb-ulp),
+        perturbed and its --perturb-pattern; the settings tag; world size and repeat."""
         backend = self.config["backend"]
-        label = backend.get("name", "unknown")
-        if label == "horovod" and backend.get("controller"):
-            label = f"horovod-{backend['controller']}"
-        if backend.get("predivide") and label != "ddp":  # DDP divides before the sum either way
-            label += "+predivide"
+        name = backend.get("name", "unknown")
+        if name == "horovod" and backend.get("controller"):
+            name = f"horovod-{backend['controller']}"
+        variants = []
+        if backend.get("predivide") and name != "ddp":  # DDP divides before the sum either way
+            variants.append("predivide")
         if backend.get("deterministic"):
-            label += "+deterministic"
+            variants.append("deterministic")
         if self.settings.get("perturb_ulp"):
-            label += f"+{DISTURBED}{self.settings.get('perturb_pattern', 1)}"
-        return label
+            variants.append(f"{DISTURBED}{self.settings.get('perturb_pattern', 1)}")
+        return RunId(name, tuple(variants), self.tag, self.world_size, self.repeat)
+
+    @property
+    def label(self) -> str:
+        """ddp, horovod-gloo, horovod-gloo+predivide, ddp+perturbed1 (RunId.label)."""
+        return self.identity.label
 
     @property
     def key(self) -> str:
         """label, settings tag and world size, e.g. ddp@2 or ddp[lr=0.0012]@2: runs of one key are repeats."""
-        return f"{self.label}{self.tag}@{self.world_size}"
+        return self.identity.key
 
     @property
     def name(self) -> str:
-        return run_name(self.label + self.tag, self.world_size, self.repeat)
+        return self.identity.name
 
     def step_losses(self) -> Dict[int, float]:
         """Rank 0's loss at each logged step."""
@@ -82,15 +144,32 @@ class Run:
 
     def step_states(self) -> Dict[int, Dict]:
         """Per logged step, what describes the weights its forward pass saw: rank 0's loss, the step's learning
-        rate, and the weights' fingerprint (`wnorm`, logged after the step before, or at the start) when the
-        run recorded one."""
+        rate, the weights' fingerprint (`wnorm`, logged after the step before, or at the start) when the
+        run recorded one, and the optimizer's other settings the step applied (`optimizer`: a run of the probe
+        records every param group's, a run of the loop has its configured ones)."""
         logged = {e["step"]: e for e in self.events if e["event"] == "step"}
         starts = {e["step"]: e for e in self.events if e["event"] == "start"}
+        configured = self.optimizer_settings()
         out = {}
         for step, event in logged.items():
             before = logged.get(step - 1) or starts.get(step - 1) or {}
-            out[step] = {"loss": event.get("loss"), "lr": event.get("lr"), "wnorm": before.get("wnorm")}
+            groups = event.get("groups")
+            settings = configured if groups is None else [
+                {k: v for k, v in group.items() if k not in NOT_OPTIMIZER_SETTINGS} for group in groups]
+            out[step] = {"loss": event.get("loss"), "lr": event.get("lr"), "wnorm": before.get("wnorm"),
+                         "optimizer": settings}
         return out
+
+    def optimizer_settings(self) -> List[Dict[str, Any]]:
+        """The settings of the loop's optimizer but its learning rate (a run of the probe records its own per step):
+        which optimizer, its weight decay and, for SGD, its momentum; [] for a run that records none."""
+        settings = self.settings
+        if "optimizer" not in settings:
+            return []
+        found = {"optimizer": settings["optimizer"], "weight_decay": settings.get("weight_decay")}
+        if settings["optimizer"] == "sgd":
+            found["momentum"] = settings.get("momentum")
+        return [found]
 
     def epochs(self) -> List[Dict]:
         """One event per epoch, in order; for an epoch cut short and resumed, its completed record."""

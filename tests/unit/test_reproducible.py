@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from common.compare import analysis, reproducible
+from common.compare.results import SettingDifference
 from .made_up import made_run, start, step
 
 DISTURBED = {"perturb_ulp": 1, "perturb_pattern": 1}
@@ -59,8 +60,8 @@ def test_no_pair_is_judged_where_a_program_does_not_reproduce_itself():
     b = made_run("horovod", controller="gloo", events=[start([1.0])], weights={"w": torch.ones(3) * 2})
     found = reproducible.Irreproducible("train.py", 3, ("ddp@3#1", "ddp+perturbed1@3#1"), "evidence")
     pair = analysis.parity(a, b, irreproducible=found)
-    assert pair["verdict"] == found.verdict and pair["within_noise_floor"] is None
-    assert pair["trains_differently_from"] is None and pair["cannot_judge"] == found.verdict
+    assert pair.verdict == found.verdict and pair.within_noise_floor is None
+    assert pair.trains_differently_from is None and pair.cannot_judge == found.verdict
 
 
 def test_two_programs_that_start_apart_train_differently_from_step_0_whatever_the_floor():
@@ -69,9 +70,9 @@ def test_two_programs_that_start_apart_train_differently_from_step_0_whatever_th
     a = made_run(events=events_a, weights={"w": torch.ones(3)})
     b = made_run("horovod", controller="gloo", events=events_b, weights={"w": torch.ones(3) * 1.1})
     pair = analysis.parity(a, b)  # no floor at all
-    assert pair["trains_differently_from"] == 0 and pair["within_noise_floor"] is False
-    assert pair["verdict"].startswith("trains differently from step 0 (the initial weights 9.1e-02 apart")
-    assert reproducible.start_gap(a, b) == pair["start_gap"] > 0
+    assert pair.trains_differently_from == 0 and pair.within_noise_floor is False
+    assert pair.verdict.startswith("trains differently from step 0 (the initial weights 9.1e-02 apart")
+    assert reproducible.start_gap(a, b) == pair.start_gap > 0
 
 
 def test_an_optimizer_setting_that_differs_trains_differently_from_where_it_acts():
@@ -83,15 +84,15 @@ def test_an_optimizer_setting_that_differs_trains_differently_from_where_it_acts
     b = made_run("horovod", controller="gloo", events=events, weights={"w": torch.ones(3) * 2},
                  settings={"optimizer": "sgd", "momentum": 0.9, "weight_decay": 5e-4})
     pair = analysis.parity(a, b)
-    assert pair["setting_difference"] == {"step": 1, "group": 0, "setting": "weight_decay", "a": 0.0, "b": 5e-4,
-                                          "acts": 2}
-    assert pair["trains_differently_from"] == 2 and "the optimizer's weight decay differs from step 1" in pair["verdict"]
+    assert pair.setting_difference == SettingDifference(step=1, group=0, setting="weight_decay", a=0.0, b=5e-4,
+                                                        acts=2)
+    assert pair.trains_differently_from == 2 and "the optimizer's weight decay differs from step 1" in pair.verdict
     c = made_run("horovod", controller="gloo", events=events, weights={"w": torch.ones(3) * 2},
                  settings={"optimizer": "sgd", "momentum": 0.85, "weight_decay": 0.0})
-    assert analysis.parity(a, c)["trains_differently_from"] == 3  # a momentum first acts in the second update
+    assert analysis.parity(a, c).trains_differently_from == 3  # a momentum first acts in the second update
     # a run of the probe: every param group's settings per step, how the step is computed left out
     grouped = [dict(e, groups=[{"lr": 0.1, "momentum": 0.9, "foreach": f}]) if e["event"] == "step" else e
                for e, f in zip(events, [None, True, False, True])]
     d = made_run(events=grouped)
     e = made_run("horovod", controller="gloo", events=grouped)
-    assert analysis.parity(d, e)["setting_difference"] is None
+    assert analysis.parity(d, e).setting_difference is None
