@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= runs/demo
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test lint screenshot clean
 
 setup:
 	@bash scripts/setup.sh
@@ -14,6 +14,15 @@ demo: setup
 
 test: setup
 	@$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff and mypy over the project (their settings: pyproject.toml)
+lint: setup
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/mypy
+
+# README's screenshot: the first screen of make demo's report.html, in headless Chromium
+screenshot:
+	@$(PY) tests/browser.py $(DEMO_DIR) docs/images/report.png
 
 clean:
 	rm -rf runs .pytest_cache

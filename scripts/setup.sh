@@ -25,9 +25,10 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 # --- 1. system packages --------------------------------------------------------------------
 # openssh-server, openssh-client and iproute2: the simulated two-host cluster of the multinode tests
 # (network namespaces, each running its own sshd) and the launch doctor's ssh checks. munge, slurmctld,
-# slurmd and slurm-client: Slurm on that cluster (tests/slurm_cluster.py).
+# slurmd and slurm-client: Slurm on that cluster (tests/slurm_cluster.py). chromium: the browser the tests open
+# report.html in (tests/browser.py, through Playwright).
 SYSTEM_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make openssh-server openssh-client iproute2
-                 munge slurmctld slurmd slurm-client)
+                 munge slurmctld slurmd slurm-client chromium)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

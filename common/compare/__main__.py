@@ -236,18 +236,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             return fail("runs are not comparable: " + "; ".join(reasons) + " (use --force to compare anyway)")
         notes.append("Compared with --force although: " + "; ".join(reasons) + ".")
     unknown = measure_missing_floors(runs, args)
-    summary = report.build(runs, failures, args.out, args.tolerance, notes, bench, unknown, args.floor_margin)
-    print(f"{PROG}: report {(args.out / 'report.md').resolve()}")
-    for p in summary["parity"]:  # summary.json's records
-        if p["kind"] != "repeat":
-            print(f"  weights @{p['world_size']}: {p['a']} vs {p['b']}: {p['verdict']}")
-    for v in summary["speed"]:
+    found = report.build(runs, failures, args.out, args.tolerance, notes, bench, unknown, args.floor_margin)
+    print(f"{PROG}: report {(args.out / report.REPORT_MD).resolve()} (and {report.REPORT_HTML} beside it)")
+    for p in found.pairs:
+        if p.kind != "repeat":
+            print(f"  weights @{p.world_size}: {p.a} vs {p.b}: {p.verdict}")
+    for v in found.speed:
         print(f"  speed: {v['verdict']}")
     for f in failures:
         print(f"  FAILED {f['name']}: {f['error']}")
     if failures:
         return 1
-    return CANNOT_JUDGE if summary["irreproducible"] else 0
+    return CANNOT_JUDGE if found.irreproducible else 0
 
 
 if __name__ == "__main__":

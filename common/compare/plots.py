@@ -4,7 +4,7 @@ floor's spread, and the per-step gaps of each pair against its floor. Its figure
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import matplotlib
 
@@ -15,7 +15,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from common.rundir.reader import Run  # noqa: E402
 from . import floor, speed_plots  # noqa: E402
 from .results import ParityResult  # noqa: E402
-from .speed_plots import empty, save  # noqa: E402
+from .speed_plots import color_of, empty, save, style_of  # noqa: E402
 
 #: every figure of a report, by its name in summary.json
 PLOTS = {"curves": "curves.png", **speed_plots.FILES, "parity": "parity.png"}
@@ -43,115 +43,144 @@ def _floor_spread(runs: List[Run], floor: Dict) -> Dict[int, Dict[str, float]]:
     return spread
 
 
-def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None) -> str:
-    """Training loss and validation top-1/top-5 against epoch, one line per backend x world size; where a
-    noise floor was measured, a band of its spread (the disturbed run's distance from its base) around each
-    curve of that world size."""
+def agreement(pairs: Sequence[ParityResult], world: int) -> List[str]:
+    """What the figure says of runs that coincide at a world size: "ddp = horovod-gloo (bitwise identical)", or
+    within rounding, for the pairs whose lines lie on each other."""
+    out = []
+    for p in pairs:
+        if p.kind == "repeat" or p.world_size != world:
+            continue
+        a, b = p.a.split("@")[0], p.b.split("@")[0]
+        if p.bitwise_identical:
+            out.append(f"{a} = {b} (bitwise identical)")
+        elif p.within_noise_floor is True or p.verdict.startswith("equal within"):
+            out.append(f"{a} ≈ {b} (within rounding)")
+    return out
+
+
+def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None,
+           pairs: Sequence[ParityResult] = ()) -> str:
+    """Learning curves, one column per world size: training loss (top) and validation top-1 (bottom) against
+    epoch, a colour, line style and marker per backend so that lines that coincide stay visible over each other,
+    and in each panel which runs coincide (bitwise identical or within rounding, from `pairs`); where a noise
+    floor was measured, a band of its spread (the disturbed runs' distance from their base) around the base's
+    curve. The legend sits below the panels, outside the data."""
     floors = floors or {}
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    for run in [r for r in runs if r.repeat == 0 and not floor.is_disturbed(r)]:
-        epochs = run.epochs()
-        spread = _floor_spread(runs, floors[run.world_size]) if run.world_size in floors else {}
-        xs = [e["epoch"] + 1 for e in epochs]
-        losses = [e["train_loss"] for e in epochs]
-        line, = ax_loss.plot(xs, losses, marker="o", ms=3, label=run.key)
-        if spread:
-            d = [spread.get(e["epoch"], {}).get("loss", 0.0) for e in epochs]
-            ax_loss.fill_between(xs, [y - w for y, w in zip(losses, d)], [y + w for y, w in zip(losses, d)],
-                                 color=line.get_color(), alpha=0.2, lw=0)
-            ax_loss.errorbar(xs, losses, yerr=d, fmt="none", ecolor=line.get_color(), capsize=3, alpha=0.6)
-        evals = [e for e in epochs if e.get("val_top1") is not None]
-        top1 = [100 * e["val_top1"] for e in evals]
-        ax_acc.plot([e["epoch"] + 1 for e in evals], top1, marker="o", ms=3,
-                    color=line.get_color(), label=f"{run.key} top-1")
-        if spread:
-            d = [100 * spread.get(e["epoch"], {}).get("top1", 0.0) for e in evals]
-            ax_acc.fill_between([e["epoch"] + 1 for e in evals], [y - w for y, w in zip(top1, d)],
-                                [y + w for y, w in zip(top1, d)], color=line.get_color(), alpha=0.2, lw=0)
-            ax_acc.errorbar([e["epoch"] + 1 for e in evals], top1, yerr=d, fmt="none", ecolor=line.get_color(),
-                            capsize=3, alpha=0.6)  # a band of one epoch is a bar
-        ax_acc.plot([e["epoch"] + 1 for e in evals], [100 * e["val_top5"] for e in evals], ls="--",
-                    color=line.get_color(), label=f"{run.key} top-5")
-    title = "Training loss" + (" (bands: noise floor)" if floors else "")
-    ax_loss.set(xlabel="epoch", ylabel="training loss", title=title, yscale="log")
-    ax_acc.set(xlabel="epoch", ylabel="validation accuracy (%)", title="Validation top-1 (solid), top-5 (dashed)")
-    for ax in (ax_loss, ax_acc):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
-    return save(fig, out / PLOTS["curves"])
+    shown = [r for r in runs if r.repeat == 0 and not r.identity.is_variant]
+    worlds = sorted({r.world_size for r in shown}) or [1]
+    fig, axes = plt.subplots(2, len(worlds), figsize=(max(4.2 * len(worlds), 6), 6.2), squeeze=False,
+                             sharex="col")
+    handles: Dict[str, object] = {}
+    for col, world in enumerate(worlds):
+        ax_loss, ax_acc = axes[0][col], axes[1][col]
+        here = sorted((r for r in shown if r.world_size == world), key=lambda r: r.label != "ddp")
+        floor_here = floors.get(world)
+        for run in here:
+            epochs = run.epochs()
+            xs = [e["epoch"] + 1 for e in epochs]
+            ls, marker = style_of(run.label)
+            color = color_of(run.label)
+            line, = ax_loss.plot(xs, [e["train_loss"] for e in epochs], ls=ls, marker=marker, ms=5, mfc="none",
+                                 color=color, lw=1.6, label=run.label)
+            handles.setdefault(run.label, line)
+            evals = [e for e in epochs if e.get("val_top1") is not None]
+            ax_acc.plot([e["epoch"] + 1 for e in evals], [100 * e["val_top1"] for e in evals], ls=ls,
+                        marker=marker, ms=5, mfc="none", color=color, lw=1.6)
+            if floor_here and run.name == floor_here["base"]:
+                spread = _floor_spread(runs, floor_here)
+                lo_hi = [(e["train_loss"], spread.get(e["epoch"], {}).get("loss", 0.0)) for e in epochs]
+                band = ax_loss.fill_between(xs, [y - w for y, w in lo_hi], [y + w for y, w in lo_hi], color="gray",
+                                            alpha=0.3, lw=0)
+                handles.setdefault("noise floor's spread (around the first backend)", band)
+                top1 = [(e["epoch"] + 1, 100 * e["val_top1"], 100 * spread.get(e["epoch"], {}).get("top1", 0.0))
+                        for e in evals]
+                ax_acc.fill_between([x for x, _, _ in top1], [y - w for _, y, w in top1], [y + w for _, y, w in top1],
+                                    color="gray", alpha=0.3, lw=0)
+        said = agreement(pairs, world)
+        if said:
+            ax_loss.text(0.98, 0.97, "\n".join(said), transform=ax_loss.transAxes, ha="right", va="top",
+                         fontsize=8, bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#cccccc"})
+        ax_loss.set(title=f"world size {world}", yscale="log")
+        ax_acc.set(xlabel="epoch")
+        for ax in (ax_loss, ax_acc):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("training loss")
+    axes[1][0].set_ylabel("validation top-1 (%)")
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 6),
+                   fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return save(fig, out / PLOTS["curves"], tight=False)
 
 
 def parity(pairs: List[ParityResult], floors: Dict[int, Dict], out: Path, margin: Optional[float] = None) -> str:
     """Draw parity_figure into `out` (parity.png); the file's name."""
-    return save(parity_figure(pairs, floors, margin), out / PLOTS["parity"])
+    return save(parity_figure(pairs, floors, margin), out / PLOTS["parity"], tight=False)
 
 
 def parity_figure(pairs: List[ParityResult], floors: Dict[int, Dict], margin: Optional[float] = None):
-    """Per-step gaps of every pair that is not a repeat, the loss (left) and the weights' fingerprint (middle),
-    each with its world size's noise-floor band shaded, `margin` times the band dashed, `margin` times the floor's
-    branches dashed in a pair's colour where the pair is judged against those (common.compare.branches), and the
-    step where a pair trains differently marked; right: the final parameters' largest ‖Δ‖/‖w‖ per pair, the
-    floor's marked."""
+    """Per-step gaps of every pair that is not a repeat, one column per world size: the loss (top) and the weights'
+    fingerprint (bottom), each with its world size's noise-floor band shaded, `margin` times the band dashed,
+    `margin` times the floor's branches dashed in a pair's colour where the pair is judged against those
+    (common.compare.branches), and the step where a pair trains differently marked. A pair that is bitwise identical
+    has no gap to draw: its panel says so. The legend sits below the panels."""
     pairs = [p for p in pairs if p.kind != "repeat"]
-    fig, (ax_loss, ax_fp, ax_w) = plt.subplots(1, 3, figsize=(16, 4.5))
-    tiny = 1e-12
+    worlds = sorted({p.world_size for p in pairs if p.world_size is not None}) or [0]
+    fig, axes = plt.subplots(2, len(worlds), figsize=(max(4.6 * len(worlds), 7), 6.4), squeeze=False)
     bottom = 1e-9  # two orders of magnitude below a float32 number's last bit
-    for ax, quantity, key in ((ax_loss, "loss", "rel_loss_diff"), (ax_fp, "weights", "rel_weight_diff")):
-        for world, f in sorted(floors.items()):
-            band = f["band"][quantity]
-            steps = sorted(band, key=int)
-            if steps:
-                xs = [int(s) for s in steps]
-                ax.fill_between(xs, [bottom] * len(steps), [band[s] for s in steps], color="gray", alpha=0.25, lw=0,
-                                step="post", label=f"noise floor @{world} ({f['runs']} disturbed runs)")
-                if margin:
-                    ax.step(xs, [margin * band[s] for s in steps], where="post", color="gray", ls="--", lw=0.8,
-                            label=f"{margin:g}x the floor: beyond it, trains differently")
-        for p in pairs:
-            series = getattr(p, key)
-            steps = sorted(series, key=int)
-            if not steps:
-                continue
-            # a zero gap (the same bits) has no place on a log axis: the line breaks there
-            line, = ax.plot([int(s) for s in steps], [series[s] if series[s] > 0 else float("nan") for s in steps],
-                            lw=1, marker=".", ms=2, label=f"{p.a} vs {p.b}")
-            start = p.trains_differently_from
-            if start is not None:
-                ax.axvline(int(start), color=line.get_color(), ls=":", lw=1)
-            # after a branch of its own, a pair is judged against the floor's branches, not the band: draw that
-            judged = p.branch_levels.get(quantity) or {}
-            if judged and margin:
-                at = sorted(judged, key=int)
-                ax.step([int(s) for s in at], [margin * judged[s] for s in at], where="post", color=line.get_color(),
-                        ls="--", lw=0.8, label=f"{margin:g}x rounding's branches, judging {p.a} vs {p.b}")
-        title = "rank 0's loss" if quantity == "loss" else "the weights' fingerprint (per-tensor norms)"
-        ax.set(xlabel="step", ylabel="relative gap", title=f"Per-step gap of {title}", yscale="log")
-        ax.set_ylim(bottom=bottom)
-    names = [f"{p.a}\nvs {p.b}" for p in pairs]
-    values = [max(p.gap, tiny) if p.gap != float("inf") else 1.0 for p in pairs]
-    colors = ["#66c2a5" if p.bitwise_identical or p.within_noise_floor else
-              "#fc8d62" if p.within_noise_floor is False else "#bbbbbb" for p in pairs]
-    bars = ax_w.bar(names, values, color=colors)
-    for i, (bar, p) in enumerate(zip(bars, pairs)):
-        ax_w.annotate("identical" if p.bitwise_identical else f"{p.gap:.1e}",
-                      (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=7)
-        if p.noise_floor is not None:
-            ax_w.plot([i - 0.4, i + 0.4], [max(p.noise_floor, tiny)] * 2, color="black", ls="--",
-                      label="noise floor" if i == next(j for j, q in enumerate(pairs) if q.noise_floor is not None)
-                      else None)
-    ax_w.set_yscale("log")
-    marks = values + [max(p.noise_floor, tiny) for p in pairs if p.noise_floor is not None]
-    if marks:
-        ax_w.set_ylim(min(marks) / 10, max(marks) * 10)
-    ax_w.set(ylabel="parameters' largest ‖Δ‖/‖w‖", title="Final weight gap (green: identical or within the floor)")
-    ax_w.tick_params(axis="x", labelsize=6, rotation=30)
+    legend: Dict[str, object] = {}
+    for col, world in enumerate(worlds):
+        here = [p for p in pairs if p.world_size == world]
+        for row, (quantity, key) in enumerate((("loss", "rel_loss_diff"), ("weights", "rel_weight_diff"))):
+            ax = axes[row][col]
+            f = floors.get(world)
+            if f:
+                band = f["band"][quantity]
+                steps = sorted(band, key=int)
+                if steps:
+                    xs = [int(s) for s in steps]
+                    shade = ax.fill_between(xs, [bottom] * len(steps), [band[s] for s in steps], color="gray",
+                                            alpha=0.3, lw=0, step="post")
+                    legend.setdefault("noise floor's band (rounding alone)", shade)
+                    if margin:
+                        dashed, = ax.step(xs, [margin * band[s] for s in steps], where="post", color="gray", ls="--",
+                                          lw=0.8)
+                        legend.setdefault(f"{margin:g}x the band: beyond it, trains differently", dashed)
+            for p in here:
+                series = getattr(p, key)
+                steps = sorted(series, key=int)
+                name = f"{p.a.split('@')[0]} vs {p.b.split('@')[0]}"
+                if not steps or p.bitwise_identical:
+                    continue
+                # a zero gap (the same bits) has no place on a log axis: the line breaks there
+                line, = ax.plot([int(s) for s in steps], [series[s] if series[s] > 0 else float("nan")
+                                                          for s in steps],
+                                lw=1.2, marker=".", ms=3, color=color_of(p.b), ls=style_of(p.a)[0])
+                legend.setdefault(name, line)
+                if p.trains_differently_from is not None:
+                    ax.axvline(int(p.trains_differently_from), color=line.get_color(), ls=":", lw=1.2)
+                judged = p.branch_levels.get(quantity) or {}
+                if judged and margin:  # after a branch of its own, the pair is judged against the floor's branches
+                    at = sorted(judged, key=int)
+                    ax.step([int(s) for s in at], [margin * judged[s] for s in at], where="post",
+                            color=line.get_color(), ls="--", lw=0.8,
+                            label=f"{margin:g}x rounding's branches, judging {p.a} vs {p.b}")
+            identical = [f"{p.a.split('@')[0]} = {p.b.split('@')[0]}" for p in here if p.bitwise_identical]
+            if identical:
+                ax.text(0.5, 0.5, "bitwise identical, no gap:\n" + "\n".join(identical), transform=ax.transAxes,
+                        ha="center", va="center", fontsize=9, color="#2e7d32")
+            what = "rank 0's loss" if quantity == "loss" else "the weights' fingerprint"
+            ax.set(yscale="log", ylabel=f"relative gap of {what}" if col == 0 else None,
+                   title=f"world size {world}" if row == 0 else None, xlabel="step" if row == 1 else None)
+            ax.set_ylim(bottom=bottom)
+            ax.grid(alpha=0.3)
     if not pairs:
-        for ax in (ax_loss, ax_fp, ax_w):
+        for ax in axes.flat:
             empty(ax, "needs two runs at one world size")
-    for ax in (ax_loss, ax_fp, ax_w):
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6)
+    if legend:  # one legend for every panel, below them: none covers a line
+        fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(len(legend), 3), fontsize=8,
+                   frameon=False)
+    rows = -(-len(legend) // 3) if legend else 0
+    fig.tight_layout(rect=(0, min(0.045 * rows, 0.35), 1, 1))
     return fig

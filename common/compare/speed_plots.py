@@ -17,10 +17,36 @@ from . import stats  # noqa: E402
 #: the files these figures are written to, in a report's folder
 FILES = {"throughput": "throughput.png", "scaling": "scaling_efficiency.png", "time_split": "time_split.png"}
 
+#: one colour per backend in every figure (a variant, +predivide, keeps its backend's); others from the palette
+BACKEND_COLORS = {"ddp": "#1f77b4", "horovod-gloo": "#ff7f0e", "horovod-mpi": "#2ca02c", "horovod-api": "#9467bd",
+                  "horovod": "#d62728", "local": "#7f7f7f"}
+PALETTE = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+#: a line style and marker per backend, so lines that coincide stay visible over each other
+BACKEND_STYLES = {"ddp": ("-", "o"), "horovod-gloo": ("--", "s"), "horovod-mpi": (":", "^"),
+                  "horovod-api": ("-.", "D")}
 
-def save(fig, path: Path, dpi: int = 110) -> str:
-    """Write `fig` to `path` (its folder made if needed), close it, and return the file's name."""
-    fig.tight_layout()
+
+def backend_of(label: str) -> str:
+    """The backend of a run's label or key: horovod-gloo for horovod-gloo+predivide[lr=0.1]@3."""
+    return label.split("@")[0].split("[")[0].split("+")[0]
+
+
+def color_of(label: str) -> str:
+    """The colour of a backend, in every figure of a report and the benchmarks."""
+    backend = backend_of(label)
+    return BACKEND_COLORS.get(backend) or PALETTE[sum(map(ord, backend)) % len(PALETTE)]
+
+
+def style_of(label: str) -> tuple:
+    """(line style, marker) of a backend."""
+    return BACKEND_STYLES.get(backend_of(label), ("-", "o"))
+
+
+def save(fig, path: Path, dpi: int = 110, tight: bool = True) -> str:
+    """Write `fig` to `path` (its folder made if needed), close it, and return the file's name; `tight`: lay it out
+    first (a figure with a legend outside its axes lays itself out)."""
+    if tight:
+        fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
@@ -42,7 +68,7 @@ def draw_throughput(ax, table: Dict[str, Dict], ideal: bool = True, references: 
         xs = [w for w, _ in points]
         med = [v["median"] for _, v in points]
         err = [[v["median"] - v["min"] for _, v in points], [v["max"] - v["median"] for _, v in points]]
-        line = ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=label,
+        line = ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=label, color=color_of(label),
                            ls="--" if label in references else "-")
         if ideal and label not in references and xs and xs[0] == 1:
             ax.plot(xs, [med[0] * w for w in xs], ls=":", color=line[0].get_color(), label=f"{label} ideal")
@@ -62,7 +88,7 @@ def draw_scaling(ax, table: Dict[str, Dict[int, float]]) -> None:
         points = {int(w): e for w, e in points.items()}  # JSON keeps world sizes as strings
         xs = sorted(points)
         worlds.update(xs)
-        ax.plot(xs, [points[x] for x in xs], marker="o", label=label)
+        ax.plot(xs, [points[x] for x in xs], marker="o", label=label, color=color_of(label))
     ax.axhline(1.0, color="gray", ls=":", label="ideal")
     if not table:
         empty(ax, "needs runs at world size 1")
