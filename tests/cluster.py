@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 
@@ -147,6 +147,13 @@ class Cluster:
         self.folder: Optional[Path] = None
         self.sshd: Dict[str, subprocess.Popen] = {}
 
+    @property
+    def home(self) -> Path:
+        """The cluster's folder (keys, daemons' logs), while it is up."""
+        if self.folder is None:
+            raise RuntimeError("the cluster is not up")
+        return self.folder
+
     # --- life cycle ----------------------------------------------------------------------
     def up(self) -> "Cluster":
         """Build the cluster (removing leftovers of an earlier one first) and wait for both sshds."""
@@ -193,7 +200,7 @@ class Cluster:
             _sh("ip", "-n", host, "link", "set", "lo", "up")
 
     def _ssh_files(self) -> None:
-        folder = self.folder
+        folder = self.home
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "cluster-client", "-f", str(folder / "id_ed25519"))
         known = []
         for host in HOSTS:
@@ -222,7 +229,7 @@ class Cluster:
         if hide is not None:
             cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                    f'mount -t tmpfs hidden "{hide}" && exec "$@"', "sh", *cmd]
-        log = open(self.folder / f"sshd-{host}.log", "ab")
+        log = open(self.home / f"sshd-{host}.log", "ab")
         self.sshd[host] = subprocess.Popen(on_host(host, cmd), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
 
@@ -252,7 +259,7 @@ class Cluster:
                 return
             sshd = self.sshd.get(host)
             if time.monotonic() > deadline or (sshd is not None and sshd.poll() is not None):
-                log = (self.folder / f"sshd-{host}.log").read_text(errors="replace")
+                log = (self.home / f"sshd-{host}.log").read_text(errors="replace")
                 raise RuntimeError(f"ssh {host} from {other} does not work: {proc.stderr.strip()}\nsshd log:\n{log}")
             time.sleep(0.2)
 
@@ -264,7 +271,7 @@ class Cluster:
         return run_cmd(on_host(host, cmd), timeout=timeout, env=env)
 
     def run_together(self, commands: Dict[str, List[str]], timeout: float = 240,
-                     env: Optional[Dict[str, str]] = None) -> Dict[str, object]:
+                     env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
         """Start one command on each named host at once (torchrun's one agent per node), wait for all;
         if any runs past `timeout`, every one is killed. Returns host -> launched.Result."""
         from common.launch import Job, JobTimeout

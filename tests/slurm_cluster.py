@@ -24,6 +24,7 @@ from typing import Dict, Iterator, List, Optional
 import pytest
 
 from cluster import ADDRESSES, HOSTS, NETNS_ETC, Cluster, ClusterUnavailable, on_host, remove_leftovers
+from launched import Result
 
 CONTROLLER = HOSTS[0]
 #: the slots of each host: the tests run up to 2 tasks per node (4 ranks across both); the machine's 2 cores
@@ -102,10 +103,8 @@ class SlurmCluster:
     """munged and slurmctld on node0, slurmd on node0 and node1, on a running `Cluster`."""
 
     def __init__(self, cluster: Cluster) -> None:
-        if cluster.folder is None:
-            raise RuntimeError("the cluster is not up")
         self.cluster = cluster
-        self.folder = cluster.folder / "slurm"
+        self.folder = cluster.home / "slurm"
         self.daemons: Dict[str, subprocess.Popen] = {}
 
     # --- life cycle ----------------------------------------------------------------------------
@@ -136,17 +135,19 @@ class SlurmCluster:
         return self
 
     def down(self) -> None:
-        """Stop the daemons (slurmds first, then slurmctld and munged) and remove the configuration. Job steps
-        still running end with the hosts (Cluster.down kills every process of their namespaces)."""
-        for name in sorted(self.daemons, key=lambda n: ("slurmd-" not in n, n != "slurmctld")):
-            proc = self.daemons.pop(name)
+        """Stop the daemons (SIGTERM, SIGKILL to those still running 5 s later) and remove the configuration. Job
+        steps still running end with the hosts (Cluster.down kills every process of their namespaces)."""
+        for proc in self.daemons.values():
             if proc.poll() is None:
                 proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        deadline = time.monotonic() + 5
+        for proc in self.daemons.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.daemons.clear()
         for host in HOSTS:
             shutil.rmtree(NETNS_ETC / host / "slurm", ignore_errors=True)
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -230,7 +231,8 @@ class SlurmCluster:
         return found
 
     # --- running Slurm's commands ------------------------------------------------------------------
-    def run(self, cmd: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None, host: str = CONTROLLER):
+    def run(self, cmd: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None,
+            host: str = CONTROLLER) -> Result:
         """`cmd` (sbatch, salloc, scancel, ...) on `host` (node0, the login node), as the tests run jobs."""
         return self.cluster.run(host, cmd, timeout=timeout, env=env)
 

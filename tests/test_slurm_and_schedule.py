@@ -21,7 +21,7 @@ from slurm_cluster import KILL_WAIT_S, SLURMD_TIMEOUT_S, SlurmCluster, submitted
 pytestmark = pytest.mark.multinode
 
 #: training that runs until it is stopped, logging often enough to be seen running
-ENDLESS = ["--model", "mlp", "--threads", "1", "--epochs", "100000", "--log-every", "5"]
+ENDLESS = ["--model", "mlp", "--dataset", "synthetic", "--threads", "1", "--epochs", "100000", "--log-every", "5"]
 #: the ranks' own wait for a peer: well before Slurm sets a silent node DOWN (2/3 of SlurmdTimeout at the
 #: earliest), so that they name the missing rank before Slurm ends the job for its lost node
 RANK_TIMEOUT_S = 10

@@ -27,7 +27,7 @@ TEMPLATES = {"ddp_torchrun.sbatch": "torchrun", "ddp_srun.sbatch": "srun", "hvd_
 #: over the templates' #SBATCH lines: one task on each of the 2 nodes (torchrun's one worker: no GPUs here), one
 #: CPU each (a host has 2 slots), so that two of the three jobs run at once
 SBATCH = ["sbatch", "--wait", "--nodes", "2", "--ntasks-per-node", "1", "--cpus-per-task", "1"]
-ARGS = ["--model", "mlp", "--max-steps", "6", "--threads", "1"]
+ARGS = ["--model", "mlp", "--dataset", "synthetic", "--max-steps", "6", "--threads", "1"]
 #: the rendezvous port of the DDP templates' jobs on node0 (they run at the same time)
 PORTS = {"ddp_torchrun.sbatch": "29601", "ddp_srun.sbatch": "29602"}
 #: the template submitted without RUN_DIR: it writes runs/slurm-<job id> in the submit directory
