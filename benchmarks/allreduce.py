@@ -1,164 +1,104 @@
-"""Allreduce latency and bus bandwidth against message size, for torch.distributed (torchrun),
-Horovod (horovodrun --gloo / --mpi) and Open MPI alone (mpirun, mpi4py: what Horovod's MPI
-controller calls underneath), next to two bounds measured on the same machine: the memory-copy
-bandwidth (the limit) and the copy/add floor of a copy-based ring allreduce.
+"""Allreduce latency and bus bandwidth against message size: torch.distributed (torchrun), Horovod (horovodrun
+--gloo / --mpi) and Open MPI alone (mpirun, mpi4py), against the memory-copy bandwidth (the limit) and the copy/add
+floor of a copy-based ring allreduce, both measured here. busbw = algbw x 2(n-1)/n (nccl-tests).
 
     python -m benchmarks.allreduce --np 2,4 --out benchmarks/results
-    python -m benchmarks.allreduce --np 2 --min-bytes 4 --max-bytes 1M --iters 2 --out /tmp/ar
-    python -m benchmarks.allreduce --np 2 --backends mpi,horovod-mpi --min-bytes 64M --max-bytes 64M \
+    python -m benchmarks.allreduce --np 2 --backends mpi,horovod-mpi --min-bytes 64M --max-bytes 64M \\
         --mpi-algorithms default,ring,rabenseifner --out /tmp/algorithms
-    python -m benchmarks.allreduce --hosts node0:1,node1:1 --np 2 --out /tmp/across   # across hosts
+    python -m benchmarks.allreduce --hosts node0:1,node1:1 --np 2 --out /tmp/across   # also against the link
 
-With --hosts (horovodrun's -H syntax) each world size is placed on the hosts in order and the bus
-bandwidth is also given against the link that joins them (the speed of the interface that reaches the
-second host, from /sys/class/net/IFACE/speed): busbw_of_link.
-
-busbw = algbw x 2(n-1)/n with algbw = bytes / time per op (nccl-tests' definitions); time per op
-is the slowest rank's mean over the timed iterations. --mpi-algorithms measures the Open MPI series
-once per allreduce algorithm Open MPI is told to use. Writes DIR/allreduce.json and
-DIR/allreduce.png and prints a table.
+Writes DIR/allreduce.json and DIR/allreduce.png.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from common.compare import arguments, tables
-from common.errors import print_error
 from common.launch.hosts import DEFAULT_PORT
 
 from .allreduce_worker import MPI_ALGORITHM_VARIABLE
-from .jobs import Workers, add_np, add_out, add_timeout, run_cli
-from .machine import Record, cores, figure_title, load_note, write_json
+from .jobs import Workers, add_np, add_out, add_timeout, parser, refuse, run_cli
+from .machine import Record, cores, figure_title, publish
 
-#: series name -> launcher that starts it
-SERIES = {"torch": "torchrun", "horovod-gloo": "horovodrun-gloo", "horovod-mpi": "horovodrun-mpi", "mpi": "mpirun"}
-#: series name -> allreduce_worker --backend
-WORKER_BACKEND = {"torch": "torch", "horovod-gloo": "horovod", "horovod-mpi": "horovod", "mpi": "mpi"}
-#: Open MPI's allreduce algorithms by name -> coll_tuned_allreduce_algorithm (`ompi_info --param coll tuned
-#: --level 9`); "default" leaves Open MPI's own decision rules in charge
+#: series name -> (launcher that starts it, allreduce_worker --backend)
+SERIES = {"torch": ("torchrun", "torch"), "horovod-gloo": ("horovodrun-gloo", "horovod"),
+          "horovod-mpi": ("horovodrun-mpi", "horovod"), "mpi": ("mpirun", "mpi")}
+#: Open MPI's allreduce algorithms -> coll_tuned_allreduce_algorithm (`ompi_info --param coll tuned --level 9`);
+#: "default" leaves Open MPI's own decision rules in charge
 MPI_ALGORITHMS = {"default": None, "basic_linear": 1, "nonoverlapping": 2, "recursive_doubling": 3, "ring": 4,
                   "segmented_ring": 5, "rabenseifner": 6}
-#: the series whose allreduce is Open MPI's
 OPEN_MPI_SERIES = ("mpi", "horovod-mpi")
 
 
-def _best_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
-    """Fastest of `repeats` timed calls, after one untimed call."""
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
+def best_seconds(fn: Callable[[], object], repeats: int, threads: int = 1,
+                 sync: Callable[[], object] = lambda: None) -> float:
+    """Fastest of `repeats` timed calls with `threads` intra-op threads, after one untimed call."""
+    before, times = torch.get_num_threads(), []
+    try:
+        torch.set_num_threads(threads)
         fn()
-        sync()
-        times.append(time.perf_counter() - started)
+        for _ in range(repeats):
+            sync()
+            started = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(before)
     return min(times)
 
 
-def copy_bandwidth(nbytes: int, repeats: int = 5) -> Dict[str, float]:
-    """Memory-copy bandwidth (bytes copied per second, best of `repeats`) with one thread and with
-    all cores; on a GPU also device-to-device. The faster CPU copy is the limit on CPU: a CPU
-    allreduce moves every byte through memory at least once, so it cannot beat a plain copy."""
+def copy_bandwidth(nbytes: int, repeats: int = 5) -> Dict[str, Any]:
+    """Memory-copy bandwidth (bytes copied per second) with one thread and with all cores, the better of the two
+    the limit on CPU (a CPU allreduce moves every byte through memory at least once); on a GPU device to device."""
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
-    gbps = lambda seconds: nbytes / seconds / 1e9  # noqa: E731
-    threads = torch.get_num_threads()
-    out = {"bytes": nbytes}
-    try:
-        torch.set_num_threads(1)
-        out["cpu_1thread_GBps"] = gbps(_best_seconds(lambda: dst.copy_(src), repeats))
-        torch.set_num_threads(cores())
-        out["cpu_all_cores_GBps"] = gbps(_best_seconds(lambda: dst.copy_(src), repeats))
-    finally:
-        torch.set_num_threads(threads)
-    # The better of the two: on a busy or small machine the threads can get in each other's way.
-    best_threads = 1 if out["cpu_1thread_GBps"] >= out["cpu_all_cores_GBps"] else cores()
-    out["limit_GBps"] = max(out["cpu_1thread_GBps"], out["cpu_all_cores_GBps"])
+    one, every = (nbytes / best_seconds(lambda: dst.copy_(src), repeats, n) / 1e9 for n in (1, cores()))
     size = tables.size(nbytes, spaced=False)
-    out["limit"] = f"CPU memory copy, {best_threads} thread(s), torch.Tensor.copy_ of {size}B"
+    out = {"bytes": nbytes, "cpu_1thread_GBps": one, "cpu_all_cores_GBps": every, "limit_GBps": max(one, every),
+           "limit": f"CPU memory copy, {1 if one >= every else cores()} thread(s), torch.Tensor.copy_ of {size}B"}
     if torch.cuda.is_available():
         g_src, g_dst = src.cuda(), dst.cuda()
-        out["cuda_device_GBps"] = gbps(_best_seconds(lambda: g_dst.copy_(g_src), repeats, torch.cuda.synchronize))
-        out["limit_GBps"] = out["cuda_device_GBps"]
+        out["cuda_device_GBps"] = out["limit_GBps"] = nbytes / best_seconds(
+            lambda: g_dst.copy_(g_src), repeats, sync=torch.cuda.synchronize) / 1e9
         out["limit"] = f"GPU device memory copy ({size}B)"
     return out
 
 
-def copy_add_floor(nbytes: int, limit_GBps: float, repeats: int = 5) -> Dict:
-    """The least time a copy-based ring allreduce can take on this CPU, from what one thread (one rank's
-    share of the cores, two ranks on two cores) copies and adds per second on `nbytes` buffers.
-
-    Per rank, a ring allreduce of S bytes over n ranks receives (n-1)/n x S into its memory (a copy), adds
-    it into its own (reads both, writes one) and copies the reduced rest back out: (n-1)/n x S bytes
-    copied twice and added once. So time >= (n-1)/n x S x (2/copy + 1/add) and busbw = algbw x 2(n-1)/n
-    <= 2 / (2/copy + 1/add), whatever S and n."""
+def copy_add_floor(nbytes: int, limit_GBps: float, repeats: int = 5) -> Dict[str, Any]:
+    """The least time a copy-based ring allreduce can take on this CPU, from what one thread (one rank's share of
+    the cores) copies and adds per second on `nbytes` buffers. Per rank, a ring allreduce of S bytes over n ranks
+    copies (n-1)/n x S in, adds it into its own and copies the reduced rest out: time >= (n-1)/n x S x (2/copy +
+    1/add), so busbw <= 2 / (2/copy + 1/add), whatever S and n."""
     src = torch.zeros(nbytes // 4, dtype=torch.float32)  # zeros: sums stay zero, no denormals
     dst = torch.zeros_like(src)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        copy_s = _best_seconds(lambda: dst.copy_(src), repeats)
-        add_s = _best_seconds(lambda: dst.add_(src), repeats)
-    finally:
-        torch.set_num_threads(threads)
+    copy_s, add_s = best_seconds(lambda: dst.copy_(src), repeats), best_seconds(lambda: dst.add_(src), repeats)
     copy, add = nbytes / copy_s / 1e9, nbytes / add_s / 1e9
     busbw = 2 / (2 / copy + 1 / add)
     return {"bytes": nbytes, "threads": 1, "copy_s": copy_s, "add_s": add_s, "copy_GBps": copy, "add_GBps": add,
             "busbw_GBps": busbw, "of_limit": busbw / limit_GBps}
 
 
-def floor_seconds(nbytes: int, world_size: int, floor: Dict) -> float:
-    """The copy/add floor's time for one allreduce of `nbytes` over `world_size` ranks."""
-    return nbytes * 2 * (world_size - 1) / world_size / floor["busbw_GBps"] / 1e9
+def against_bounds(rows: List[Dict[str, Any]], world_size: int, limit_GBps: float, floor_busbw_GBps: float,
+                   link_GBps: Optional[float] = None) -> List[Dict[str, Any]]:
+    """A worker's rows with busbw against the limit (and the link), and the copy/add floor's time for each size."""
+    for row in rows:
+        row["busbw_of_limit"] = row["busbw_GBps"] / limit_GBps
+        row["floor_time_s"] = row["bytes"] * 2 * (world_size - 1) / world_size / floor_busbw_GBps / 1e9
+        if link_GBps:
+            row["busbw_of_link"] = row["busbw_GBps"] / link_GBps
+    return rows
 
 
-def algorithm_env(name: Optional[str]) -> Dict[str, str]:
-    """The environment that makes Open MPI (and mpirun's ranks) use allreduce algorithm `name`."""
-    number = MPI_ALGORITHMS[name] if name else None
-    if number is None:
-        return {}
-    return {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", MPI_ALGORITHM_VARIABLE: str(number)}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.allreduce", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_np(p, [2, 4], "world sizes, e.g. 2,4", dest="world_sizes")
-    p.add_argument("--backends", default=",".join(SERIES),
-                   help=f"comma-separated, from {', '.join(SERIES)}")
-    add_out(p, "where the JSON and PNG go")
-    p.add_argument("--min-bytes", type=arguments.byte_size, default=4)
-    p.add_argument("--max-bytes", type=arguments.byte_size, default=256 * 2**20)
-    p.add_argument("--factor", type=int, choices=(2, 4), default=4, help="message size step")
-    p.add_argument("--warmup", type=int, default=3, help="untimed allreduces before each size")
-    p.add_argument("--iters", type=int, default=None,
-                   help="timed allreduces per size (default: 200 for small messages down to 5 for large)")
-    p.add_argument("--copy-bytes", type=arguments.byte_size, default=None,
-                   help="buffer for the memory-copy limit (default: max(--max-bytes, 64M)); the copy/add floor "
-                        "is measured on half of it (one rank's half of the largest message at world size 2)")
-    p.add_argument("--mpi-algorithms", type=arguments.csv_list(str, tuple(MPI_ALGORITHMS)), default=None,
-                   help="measure the Open MPI series (mpi, horovod-mpi) once per allreduce algorithm, e.g. "
-                        "default,ring,rabenseifner (sets OMPI_MCA_coll_tuned_use_dynamic_rules=1 and "
-                        "OMPI_MCA_coll_tuned_allreduce_algorithm=N)")
-    add_timeout(p, 1800, "seconds before one launch is stopped")
-    p.add_argument("--hosts", "-H", default=None, metavar="HOST:SLOTS,...",
-                   help="run across these hosts (node0:1,node1:1), each world size placed on them in order; needs "
-                        "passwordless ssh and the same paths on every host (check with python -m common.doctor)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT,
-                   help="with --hosts: torchrun's rendezvous port on the first host for the first job (job i: +i)")
-    return p
-
-
-def link_speed(hosts: str) -> Optional[Dict]:
-    """The link from this host to the first other host of `hosts`: interface, address and speed (bytes/s
-    from /sys/class/net/IFACE/speed, None where the interface does not report one). None on one host."""
+def link_speed(hosts: str) -> Optional[Dict[str, Any]]:
+    """The link from this host to the first other host of `hosts`: interface, address and speed (None where the
+    interface reports none). None on one host."""
     from common.launch.hosts import is_local, parse_hosts, resolve, route_to
 
     remote = next((h for h, _ in parse_hosts(hosts) if not is_local(h)), None)
@@ -174,24 +114,40 @@ def link_speed(hosts: str) -> Optional[Dict]:
             "GBps": mbps / 8 / 1000 if mbps > 0 else None}
 
 
-def _fail(message: str) -> int:
-    print_error("allreduce", message, ranked=False)
-    return 2
+def build_parser() -> Any:
+    p = parser("allreduce", __doc__)
+    add_np(p, [2, 4], "world sizes, e.g. 2,4", dest="world_sizes")
+    p.add_argument("--backends", default=",".join(SERIES), help=f"comma-separated, from {', '.join(SERIES)}")
+    add_out(p, "where the JSON and PNG go")
+    p.add_argument("--min-bytes", type=arguments.byte_size, default=4)
+    p.add_argument("--max-bytes", type=arguments.byte_size, default=256 * 2**20)
+    p.add_argument("--factor", type=int, choices=(2, 4), default=4, help="message size step")
+    p.add_argument("--warmup", type=int, default=3, help="untimed allreduces before each size")
+    p.add_argument("--iters", type=int, default=None, help="timed allreduces per size (default: 200 down to 5 by size)")
+    p.add_argument("--copy-bytes", type=arguments.byte_size, default=None,
+                   help="buffer of the limit (default: max(--max-bytes, 64M)); the floor's is half of it")
+    p.add_argument("--mpi-algorithms", type=arguments.csv_list(str, tuple(MPI_ALGORITHMS)), default=None,
+                   help="the Open MPI series once per allreduce algorithm, e.g. default,ring,rabenseifner")
+    add_timeout(p, 1800, "seconds before one launch is stopped")
+    p.add_argument("--hosts", "-H", default=None, metavar="HOST:SLOTS,...",
+                   help="run across these hosts (node0:1,node1:1), each world size placed on them in order")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="with --hosts: torchrun's first rendezvous port")
+    return p
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run every backend at every world size; exit 1 when a launch failed (the rest is still written)."""
     args = build_parser().parse_args(argv)
     backends = [b for b in args.backends.split(",") if b]
-    unknown = [b for b in backends if b not in SERIES]
-    if unknown or not backends:
-        return _fail(f"unknown backend {', '.join(unknown) or '(none)'}; choose from {', '.join(SERIES)}")
+    if not backends or set(backends) - set(SERIES):
+        return refuse("allreduce", f"unknown backend {', '.join(sorted(set(backends) - set(SERIES))) or '(none)'}; "
+                                   f"choose from {', '.join(SERIES)}")
     if args.min_bytes > args.max_bytes:
-        return _fail("--min-bytes is larger than --max-bytes; swap them")
+        return refuse("allreduce", "--min-bytes is larger than --max-bytes; swap them")
     not_mpi = [b for b in backends if b not in OPEN_MPI_SERIES]
     if args.mpi_algorithms and not_mpi:
-        return _fail(f"--mpi-algorithms chooses Open MPI's algorithm; {','.join(not_mpi)} do not use Open MPI, "
-                     f"so measure them without it (--backends {','.join(OPEN_MPI_SERIES)})")
+        return refuse("allreduce", f"--mpi-algorithms chooses Open MPI's algorithm; {','.join(not_mpi)} do not use "
+                                   f"Open MPI, so measure them without it (--backends {','.join(OPEN_MPI_SERIES)})")
     if args.hosts:
         from common.launch.hosts import parse_hosts, place
 
@@ -199,97 +155,46 @@ def main(argv=None) -> int:
             for np in args.world_sizes:
                 place(parse_hosts(args.hosts), np)
         except ValueError as exc:
-            return _fail(str(exc))
+            return refuse("allreduce", str(exc))
     record = Record("allreduce", argv)
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
     copy_bytes = args.copy_bytes or max(args.max_bytes, 64 * 2**20)
     limit = copy_bandwidth(copy_bytes)
     floor = copy_add_floor(copy_bytes // 2, limit["limit_GBps"])
-    print(f"memory copy: {limit['cpu_1thread_GBps']:.1f} GB/s one thread, {limit['cpu_all_cores_GBps']:.1f} GB/s "
-          f"{cores()} threads; limit {limit['limit_GBps']:.1f} GB/s; copy/add floor of a ring allreduce "
-          f"{floor['busbw_GBps']:.1f} GB/s busbw", flush=True)
-
-    worker_args = ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
-                   "--factor", str(args.factor), "--warmup", str(args.warmup)]
-    if args.iters:
-        worker_args += ["--iters", str(args.iters)]
-    series = []
-    workers = Workers("allreduce", out, args.timeout, hosts=args.hosts, port=args.port)
     link = link_speed(args.hosts) if args.hosts else None
-    if link:
-        speed = f"{link['speed_Mbps']} Mb/s = {link['GBps']:.3f} GB/s" if link["GBps"] else "speed not reported"
-        print(f"link: {link['interface']} ({link['address']}) to {link['to']}, {speed}", flush=True)
+    worker_args = ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--factor",
+                   str(args.factor), "--warmup", str(args.warmup)]
+    worker_args += ["--iters", str(args.iters)] if args.iters else []
+    workers = Workers("allreduce", args.out, args.timeout, hosts=args.hosts, port=args.port)
+    series = []
     for np in args.world_sizes:
         for name in backends:
             for algorithm in args.mpi_algorithms or [None]:
-                shown = f"{name} {algorithm}" if algorithm else name
-                print(f"allreduce: {shown} x{np} via {SERIES[name]} ...", flush=True)
+                launcher, backend = SERIES[name]
+                print(f"allreduce: {name} {algorithm or ''} x{np} via {launcher} ...", flush=True)
+                number = MPI_ALGORITHMS[algorithm] if algorithm else None
+                env = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", MPI_ALGORITHM_VARIABLE: str(number)} \
+                    if number else {}
                 started = time.monotonic()
-                data = workers.run(f"{name}-{algorithm}-{np}" if algorithm else f"{name}-{np}", SERIES[name], np,
-                                   "benchmarks.allreduce_worker", ["--backend", WORKER_BACKEND[name], *worker_args],
-                                   env=algorithm_env(algorithm), backend=name, world_size=np, mpi_algorithm=algorithm)
-                if data is None:
-                    continue
-                for row in data["results"]:
-                    row["busbw_of_limit"] = row["busbw_GBps"] / limit["limit_GBps"]
-                    row["floor_time_s"] = floor_seconds(row["bytes"], np, floor)
-                    if link and link["GBps"]:
-                        row["busbw_of_link"] = row["busbw_GBps"] / link["GBps"]
-                series.append({"name": data["backend"], "launcher": SERIES[name], "world_size": np,
-                               "device": data["device"], "command": workers.last_command,
-                               "seconds": time.monotonic() - started, "mpi_algorithm": algorithm,
-                               "mpi_algorithm_env": data.get("mpi_algorithm_env"),
-                               "mpi_yield_when_idle": data.get("mpi_yield_when_idle"),
-                               "placement": workers.last_placement,
-                               "results": data["results"]})
-
-    report = {**record.header(),
-              "definitions": {"time_s": "slowest rank's mean seconds per allreduce",
-                              "algbw_GBps": "bytes / time_s / 1e9",
-                              "busbw_GBps": "algbw x 2(n-1)/n (nccl-tests)",
-                              "busbw_of_limit": "busbw / memory-copy limit",
-                              "floor": "least time of a copy-based ring allreduce: per rank (n-1)/n of the bytes "
-                                       "copied twice and added once, at one thread's copy_ and add_ speed",
-                              "floor_time_s": "that least time for this message and world size",
-                              "busbw_of_link": "busbw / the speed of the link to the other hosts (--hosts)"},
-              "hosts": args.hosts, "link": link, "memcpy": limit, "floor": floor, "series": series, "failures": workers.failures}
-    report["plot"] = plot(report, out)
-    write_json(out / "allreduce.json", report)
-    print_summary(report)
-    print(f"allreduce: wrote {(out / 'allreduce.json').resolve()} and {(out / report['plot']).resolve()}")
-    return 1 if workers.failures else 0
+                data = workers.run("-".join(map(str, filter(None, (name, algorithm, np)))), launcher, np,
+                                   "benchmarks.allreduce_worker", ["--backend", backend, *worker_args], env=env,
+                                   backend=name, world_size=np, mpi_algorithm=algorithm)
+                if data is not None:
+                    series.append({"name": data["backend"], "launcher": launcher, "world_size": np,
+                                   "device": data["device"], "command": workers.last_command,
+                                   "seconds": time.monotonic() - started, "mpi_algorithm": algorithm,
+                                   "mpi_algorithm_env": data.get("mpi_algorithm_env"),
+                                   "mpi_yield_when_idle": data.get("mpi_yield_when_idle"),
+                                   "placement": workers.last_placement,
+                                   "results": against_bounds(data["results"], np, limit["limit_GBps"],
+                                                             floor["busbw_GBps"], (link or {}).get("GBps"))})
+    report = {**record.header(), "hosts": args.hosts, "link": link, "memcpy": limit,
+              "floor": floor, "series": series, "failures": workers.failures}
+    report["plot"] = plot(report, args.out)
+    return publish(report, args.out / "allreduce.json")
 
 
-def print_summary(report: Dict) -> None:
-    """One row per size: time (µs) and busbw (GB/s, % of the limit) of every series."""
-    series = report["series"]
-    if not series:
-        print("allreduce: nothing measured")
-        return
-    sizes = sorted({r["bytes"] for s in series for r in s["results"]})
-    headers = ["bytes"]
-    for s in series:
-        tag = f"{s['name']}{'-' + s['mpi_algorithm'] if s.get('mpi_algorithm') else ''}x{s['world_size']}"
-        headers += [f"{tag} us", f"{tag} busbw", "%lim"]
-    rows = []
-    for size in sizes:
-        row: List = [tables.size(size, spaced=False)]
-        for s in series:
-            r = next((r for r in s["results"] if r["bytes"] == size), None)
-            row += ["-", "-", "-"] if r is None else [
-                f"{r['time_s'] * 1e6:.1f}", f"{r['busbw_GBps']:.3f}", f"{100 * r['busbw_of_limit']:.1f}" +
-                (f" ({100 * r['busbw_of_link']:.1f}% link)" if "busbw_of_link" in r else "")]
-        rows.append(row)
-    print(tables.text(headers, rows))
-    note = load_note(report)
-    if note:
-        print(note)
-
-
-def plot(report: Dict, out: Path) -> str:
-    """allreduce.png: latency and bus bandwidth against message size, the copy limit and the copy/add
-    floor dotted."""
+def plot(report: Dict[str, Any], out: Path) -> str:
+    """allreduce.png: latency and bus bandwidth against message size, the limit, the floor and the link dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -299,26 +204,21 @@ def plot(report: Dict, out: Path) -> str:
 
     fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(12, 4.5))
     for s in report["series"]:
-        xs = [r["bytes"] for r in s["results"]]
-        label = f"{s['name']}{' ' + s['mpi_algorithm'] if s.get('mpi_algorithm') else ''} x{s['world_size']}"
+        xs, label = [r["bytes"] for r in s["results"]], f"{s['name']} {s['mpi_algorithm'] or ''} x{s['world_size']}"
         line, = ax_t.plot(xs, [r["time_s"] * 1e6 for r in s["results"]], marker="o", ms=3, label=label)
-        ax_bw.plot(xs, [r["busbw_GBps"] for r in s["results"]], marker="o", ms=3, label=label,
-                   color=line.get_color())
-    ax_bw.axhline(report["memcpy"]["limit_GBps"], color="gray", ls=":",
-                  label=f"memory copy {report['memcpy']['limit_GBps']:.1f} GB/s")
-    ax_bw.axhline(report["floor"]["busbw_GBps"], color="black", ls=":",
-                  label=f"copy/add floor {report['floor']['busbw_GBps']:.1f} GB/s")
-    link = report.get("link") or {}
-    if link.get("GBps"):
-        ax_bw.axhline(link["GBps"], color="tab:red", ls="--",
-                      label=f"link {link['interface']} {link['speed_Mbps']} Mb/s ({link['GBps']:.2f} GB/s)")
-    ax_t.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="time per allreduce (µs)",
-             title="Allreduce latency")
-    ax_bw.set(xscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
-              title="Allreduce bus bandwidth vs memory-copy limit")
+        ax_bw.plot(xs, [r["busbw_GBps"] for r in s["results"]], marker="o", ms=3, label=label, color=line.get_color())
+    link = report["link"] or {}
+    for value, style, label in ((report["memcpy"]["limit_GBps"], ("gray", ":"), "memory copy"),
+                                (report["floor"]["busbw_GBps"], ("black", ":"), "copy/add floor"),
+                                (link.get("GBps"), ("tab:red", "--"), f"link {link.get('interface')}")):
+        if value:
+            ax_bw.axhline(value, color=style[0], ls=style[1], label=f"{label} {value:.2f} GB/s")
+    ax_t.set(yscale="log", ylabel="time per allreduce (µs)", title="Allreduce latency")
+    ax_bw.set(ylabel="bus bandwidth (GB/s)", title="Allreduce bus bandwidth vs memory-copy limit")
     fig.suptitle(figure_title(report), fontsize=9)
     for ax in (ax_t, ax_bw):
         ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return speed_plots.save(fig, out / "allreduce.png")

@@ -1,9 +1,10 @@
 """BENCHMARKS.md from its template and the committed results.
 
-The prose lives in benchmarks/BENCHMARKS.template.md and holds no measured number; every number comes
-from a result file under benchmarks/results/ that a step of benchmarks/run_all.sh writes. Each
-placeholder `{{block FILE... [OPTION]}}` in the template is replaced by that block of
-benchmarks.sections, drawn from those files, with the command that wrote them and the file's name.
+The prose lives in benchmarks/BENCHMARKS.template.md and holds no measured number. Each placeholder is replaced:
+`{{FILE [OPTION]}}` by that result file's section (benchmarks.sections, chosen by the file's "benchmark" field),
+`{{machines}}` by the machines the results ran on, `{{targets}}` by the targets table and
+`{{target NAME}}` by one target's value. The document is a function of the template and the result files alone:
+which results are no longer current is what `python -m benchmarks.stale` says.
 
     python -m benchmarks.render              # rewrite BENCHMARKS.md
     python -m benchmarks.render --check      # exit 1 when BENCHMARKS.md is not what the results give
@@ -12,76 +13,84 @@ benchmarks.sections, drawn from those files, with the command that wrote them an
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
-from common.errors import print_error
-
+from .jobs import parser, refuse
 from .machine import REPO
-from .sections import BLOCKS, Results
+from .sections import Results, framed
 from .stale import RESULTS
+from .targets import target, targets
 
 TEMPLATE = REPO / "benchmarks" / "BENCHMARKS.template.md"
 DOCUMENT = REPO / "BENCHMARKS.md"
-PLACEHOLDER = re.compile(r"\{\{(?P<call>[^{}]+)\}\}")
+PLACEHOLDER = re.compile(r"\{\{([^{}]+)\}\}")
 
 
-class TemplateError(ValueError):
-    """A placeholder names no block, or its block cannot be drawn from the results."""
+def machines(results: Results) -> str:
+    """The machines the results ran on, each with the results measured on it."""
+    described: Dict[str, List[str]] = {}
+    for file in results.all_files():
+        m = (results.get(file) or {})["machine"]
+        v = m["versions"]
+        software = [v.get("platform"), f"Python {v.get('python')}", f"torch {v.get('torch')}",
+                    f"torchvision {v.get('torchvision')}", f"Horovod {v.get('horovod')}", v.get("mpi")]
+        described.setdefault(f"{m['cpu_model']} (model name in `/proc/cpuinfo`), {m['cores']} cores, "
+                             f"{m['memory_gib']} GiB, {', '.join(m['gpus']) or 'no GPU'}; "
+                             + ", ".join(s for s in software if s), []).append(file)
+    every = len(described) == 1
+    return "\n".join(f"- {line} (" + ("every result below" if every else ", ".join(f"`{n}`" for n in files)) + ")."
+                     for line, files in described.items())
 
 
-def _expand(match: re.Match, results: Results) -> str:
-    name, *args = match["call"].split()
-    block = BLOCKS.get(name)
-    if block is None:
-        raise TemplateError(f"{{{{{match['call']}}}}} names no block; use one of {', '.join(sorted(BLOCKS))}")
+#: placeholders that are not a result file
+BLOCKS: Dict[str, Callable[..., str]] = {"machines": machines, "targets": targets,
+                                         "target": lambda results, which: target(which)}
+
+
+def expand(call: str, results: Results) -> str:
+    """One placeholder's text; ValueError naming the placeholder when it cannot be drawn from the results."""
+    word, *options = call.split()
     try:
-        text = block(results, *args)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise TemplateError(f"{{{{{match['call']}}}}}: {exc!r}") from None
-    # A block inside a list item keeps the item's indentation on every line it adds (blank lines stay blank).
-    line = match.string[match.string.rfind("\n", 0, match.start()) + 1:match.start()]
-    indent = line[:len(line) - len(line.lstrip())]
-    return "\n".join(part if not part or i == 0 else indent + part for i, part in enumerate(text.split("\n")))
+        return BLOCKS[word](results, *options) if word in BLOCKS else framed(results, word, *options)
+    except (KeyError, TypeError, ValueError, StopIteration) as exc:
+        raise ValueError(f"{{{{{call}}}}}: {exc!r}") from None
 
 
 def render(template: str, results: Results) -> str:
-    """The document: `template` with every placeholder replaced by its block."""
-    return PLACEHOLDER.sub(lambda m: _expand(m, results), template)
+    """The document: `template` with every placeholder replaced; a placeholder inside a list item keeps the item's
+    indentation on every line it adds."""
+    def replace(match: re.Match) -> str:
+        line = match.string[match.string.rfind("\n", 0, match.start()) + 1:match.start()]
+        indent = line[:len(line) - len(line.lstrip())]
+        return "\n".join(part if not part or i == 0 else indent + part
+                         for i, part in enumerate(expand(match[1], results).split("\n")))
+
+    return PLACEHOLDER.sub(replace, template)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.render", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Render (or check) the document: 0 when written or up to date, 1 when --check finds it out of date, 2 on bad
+    input."""
+    p = parser("render", __doc__)
     p.add_argument("--template", type=Path, default=TEMPLATE, help="the prose with placeholders")
     p.add_argument("--results", type=Path, default=RESULTS, help="the folder of result files")
     p.add_argument("--out", type=Path, default=DOCUMENT, help="the document to write")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when --out differs from the render")
-    return p
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Render (or check) the document; 0 when written or up to date, 1 when --check finds it stale, 2 on bad input."""
-    args = build_parser().parse_args(argv)
-    if not args.template.is_file():
-        print_error("render", f"no template at {args.template}; pass --template", ranked=False)
-        return 2
-    if not args.results.is_dir():
-        print_error("render", f"no results folder at {args.results}; pass --results", ranked=False)
-        return 2
+    args = p.parse_args(argv)
+    if not args.template.is_file() or not args.results.is_dir():
+        return refuse("render", f"no template at {args.template} or no results folder at {args.results}")
     try:
         text = render(args.template.read_text(), Results(args.results))
     except ValueError as exc:
-        print_error("render", str(exc), ranked=False)
-        return 2
+        return refuse("render", str(exc))
     if args.check:
-        if not args.out.is_file() or args.out.read_text() != text:
-            print(f"render: {args.out} is not what the results give; run python -m benchmarks.render", file=sys.stderr)
-            return 1
-        return 0
+        if args.out.is_file() and args.out.read_text() == text:
+            return 0
+        print(f"render: {args.out} is not what the results give; run python -m benchmarks.render", file=sys.stderr)
+        return 1
     args.out.write_text(text)
     print(f"render: wrote {args.out}")
     return 0

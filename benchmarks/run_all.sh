@@ -15,6 +15,8 @@
 # OUT=DIR writes the results elsewhere (QUICK=1 defaults to runs/bench-quick, so that it never replaces
 # the committed results), WORK=DIR is where QUICK=1 keeps its run directories, REPORT=0 skips the
 # comparison report (it runs by default only with every step), PYTHON=... picks the interpreter.
+# HOROVOD_SRC=DIR (runs/horovod) is a checkout of Horovod (git clone https://github.com/horovod/horovod) whose
+# examples and test suite two steps run; without one they are skipped, saying so.
 #
 # Every file under benchmarks/results/ is written by one step below, and its JSON records the step's command;
 # QUICK=1 writes the same files (tests/test_benchmarks.py checks both).
@@ -22,6 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 QUICK=${QUICK:-0}
+HOROVOD_SRC=${HOROVOD_SRC:-runs/horovod}
 ONLY=("$@")
 if [[ "$QUICK" == 1 ]]; then
   OUT=${OUT:-runs/bench-quick}
@@ -73,6 +76,12 @@ quick_steps() {
   # with several ranks)
   step -m benchmarks.stop_latency --launchers torchrun --np 1 --model convnet --image-size 16 --batch-size 4 \
       --steps-before 1 --timeout 60 --out "$OUT" --work "$WORK/stop"
+  finish
+  step -m benchmarks.port_speed --lines 60 --repeats 1 --out "$OUT"
+  horovod_step -m benchmarks.horovod_api --script "$HOROVOD_SRC/examples/pytorch/pytorch_synthetic_benchmark.py" \
+      --backends api --repeats 1 --batch-size 2 --warmup-batches 1 --batches-per-iter 1 --iters 1 --out "$OUT"
+  horovod_step -m benchmarks.horovod_suite --horovod "$HOROVOD_SRC" --np 2 --runs api --no-examples \
+      --work "$WORK/horovod_suite" --out "$OUT"
   finish
 }
 
@@ -135,6 +144,12 @@ full_steps() {
   step -m benchmarks.probe_cost --np 2 --cases resnet18=224,convnet=32 --repeats 3 --out "$OUT"
   # Ctrl-C to exit, per launcher, with steps of seconds.
   step -m benchmarks.stop_latency --out "$OUT"
+  # The port of a 300-line Horovod script.
+  step -m benchmarks.port_speed --lines 300 --repeats 5 --out "$OUT"
+  # Horovod's own synthetic benchmark script and test suite on the project's Horovod API and on real Horovod.
+  horovod_step -m benchmarks.horovod_api --script "$HOROVOD_SRC/examples/pytorch/pytorch_synthetic_benchmark.py" \
+      --repeats 3 --out "$OUT"
+  horovod_step -m benchmarks.horovod_suite --horovod "$HOROVOD_SRC" --np 2,3 --out "$OUT"
 }
 
 # The result a step writes, relative to OUT: its --out folder and its module's file name.
@@ -175,6 +190,14 @@ step() {
     echo "benchmarks: $name"
     "$PY" "$@"
   fi
+}
+# A step that reads the Horovod checkout: skipped, saying so, when there is none.
+horovod_step() {
+  if [[ "$PASS" == run && ! -d "$HOROVOD_SRC/examples" ]]; then
+    wanted "$(result_of "$@")" && echo "benchmarks: skipped $(result_of "$@"): no Horovod checkout at $HOROVOD_SRC" >&2
+    return 0
+  fi
+  step "$@"
 }
 finish() {
   local pid

@@ -1,204 +1,363 @@
-"""The generated parts of BENCHMARKS.md: each block turns committed result files (benchmarks/results/)
-into markdown, says which file every number came from, and says so when a file is not there yet.
-
-A block is called as `{{name FILE [FILE...] [OPTION]}}` from the template (benchmarks.render); FILE is
-relative to the results folder."""
+"""What each result looks like: one function per benchmark turns its JSON into markdown (SECTIONS), framed alike in
+BENCHMARKS.md by the command that wrote it, its failed runs and where the numbers come from. A new benchmark's result
+gets its section from one function here and one `{{FILE}}` placeholder in the template; `publish` prints it too."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+import json
+import math
+import shlex
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
 
 from common.compare import tables
-from common.compare.analysis import FLOOR_MARGIN as DEFAULT_MARGIN
-from common.compare.floor import DEFAULT_FLOOR_RUNS as DEFAULT_RUNS
+from common.compare.analysis import FLOOR_MARGIN
+from common.compare.conditions import conditions
+from common.compare.floor import DEFAULT_FLOOR_RUNS
+from common.compare.stats import split_key
 
-from .allreduce_tables import allreduce_algorithms, allreduce_limit, allreduce_table
-from .formatting import failures, framed, met, ms, rounded, spread_cell, when
-from .result_files import MISSING_FILE, Results
-from .stale import run_all_steps, status
-from .targets import target, targets
-from .throughput_tables import data_wait_table, sweep_table, throughput_table
-
-
-# ---- machines ----
-
-def machine_line(m: Dict) -> str:
-    """One machine in words."""
-    v = m.get("versions") or {}
-    parts = [f"{m.get('cpu_model')} (model name in `/proc/cpuinfo`)", f"{m.get('cores')} cores",
-             f"{m.get('memory_gib')} GiB", ", ".join(m.get("gpus") or []) or "no GPU"]
-    software = [v.get("platform"), f"Python {v.get('python')}", f"torch {v.get('torch')}",
-                f"torchvision {v.get('torchvision')}", f"Horovod {v.get('horovod')}"]
-    if v.get("mpi"):
-        software.append(v["mpi"])
-    return ", ".join(parts) + "; " + ", ".join(s for s in software if s)
+Result = Dict[str, Any]
+MISSING, table, size = tables.MISSING, tables.markdown, tables.size
+NAMES = {"torch-gloo": "torch gloo", "horovod-gloo": "Horovod/Gloo", "horovod-mpi": "Horovod/MPI", "ddp": "DDP",
+         "mpi": "Open MPI alone", "bare-ddp": "bare DDP (seed)", "bare-ddp-batched": "bare DDP (batched)",
+         "independent": "independent N x 1", "api": "the Horovod API (torchrun)"}
+RUN_ORDER = ["bare-ddp", "bare-ddp-batched", "ddp", "horovod-gloo", "horovod-mpi", "independent"]
+#: swept knob -> (backend_options field with the value a run used, field saying who chose it, unit)
+KNOB_RECORDS = {"HOROVOD_CYCLE_TIME": ("cycle_time_ms", "cycle_time_source", " ms"),
+                "OMPI_MCA_mpi_yield_when_idle": ("mpi_yield_when_idle", "mpi_yield_source", ""),
+                "deterministic": ("fusion_threshold_bytes", "", " B fusion threshold"),
+                "HVD_TRAIN_WAIT": ("wait", "wait_source", "")}
 
 
-def machines(results: Results) -> str:
-    """The machines the results ran on, and when and under what load each result was measured."""
-    files = results.all_files()
-    described: Dict[str, List[str]] = {}
-    for name in files:
-        described.setdefault(machine_line(results.get(name)["machine"]), []).append(name)
-    lines = []
-    for line, names in described.items():
-        which = "every result below" if len(described) == 1 else ", ".join(f"`{n}`" for n in names)
-        lines.append(f"- {line} ({which}).")
+class Results:
+    """The result files under one folder, each read once, named as the document names them."""
+
+    def __init__(self, folder: Path, shown_as: str = "benchmarks/results") -> None:
+        self.folder, self.shown_as = Path(folder), shown_as
+        self._read: Dict[str, Optional[Result]] = {}
+
+    def path(self, file: str) -> str:
+        return f"{self.shown_as}/{file}"
+
+    def get(self, file: str) -> Optional[Result]:
+        """The parsed result, None when the file does not exist; ValueError when it is not JSON."""
+        if file not in self._read:
+            found = self.folder / file
+            try:
+                self._read[file] = json.loads(found.read_text()) if found.is_file() else None
+            except ValueError as exc:
+                raise ValueError(f"{found} is not JSON ({exc}); run its step of benchmarks/run_all.sh again") from None
+        return self._read[file]
+
+    def all_files(self) -> List[str]:
+        """Every benchmark result in the folder (JSON with a "benchmark" field), sorted."""
+        files = sorted(str(p.relative_to(self.folder)) for p in self.folder.rglob("*.json"))
+        return [f for f in files if "benchmark" in (self.get(f) or {})]
+
+
+def rounded(value: Optional[float], digits: int = 3) -> str:
+    """`digits` significant digits without an exponent: 2162.8 -> "2163", 15.43 -> "15.4", 0.1362 -> "0.136"."""
+    if value is None or not math.isfinite(value):
+        return MISSING
+    return "0" if value == 0 else f"{value:.{max(0, digits - 1 - math.floor(math.log10(abs(value))))}f}"
+
+
+def ms(seconds: Optional[float]) -> str:
+    """Seconds as milliseconds, two significant digits: "0.14 ms", "15 ms"."""
+    return MISSING if seconds is None else f"{rounded(seconds * 1e3, 2)} ms"
+
+
+def spread_cell(cell: Optional[Dict[str, float]]) -> str:
+    """A median with its range, three significant digits: "1361 (1227–1632)"."""
+    if not cell:
+        return MISSING
+    decimals = max(0, 2 - math.floor(math.log10(abs(cell["median"])))) if cell["median"] else 0
+    return tables.measured(cell["median"], cell["min"], cell["max"], f".{decimals}f")
+
+
+def met(ok: Optional[bool]) -> str:
+    return "not measured" if ok is None else "yes" if ok else "no"
+
+
+def name(label: str) -> str:
+    return NAMES.get(label, label)
+
+
+def setting(case: Result) -> str:
+    """What a throughput case set: "no knob set", "HOROVOD_CYCLE_TIME unset (auto)", "HOROVOD_CYCLE_TIME=5"."""
+    if case.get("knob") is None:
+        return "no knob set"
+    return f"{case['knob']} unset (auto)" if case["value"] == "auto" else f"{case['knob']}={case['value']}"
+
+
+def row_at(series: Result, nbytes: int) -> Optional[Result]:
+    """An allreduce series' row at `nbytes`, None when it was not measured."""
+    return next((r for r in series["results"] if r["bytes"] == nbytes), None)
+
+
+def _allreduce_cell(row: Optional[Result]) -> str:
+    """Time per allreduce; from 1 MB up also busbw and its share of the limit."""
+    if row is None or row["bytes"] < 2**20:
+        return ms(row["time_s"]) if row else MISSING
+    return f"{ms(row['time_s'])}, {rounded(row['busbw_GBps'], 2)} GB/s ({100 * row['busbw_of_limit']:.0f}%)"
+
+
+def allreduce(ar: Result, sizes: str = "") -> str:
+    """The limit and the copy/add floor in words, then time per allreduce (and busbw) by size, one column per series
+    (`sizes` picks rows: "4,4K,1M"), or one row per algorithm when Open MPI's was chosen."""
+    c, floor, series = ar["memcpy"], ar["floor"], ar["series"]
+    largest = max((r["bytes"] for s in series for r in s["results"]), default=0)
+    text = (f"Memory-copy limit: {c['limit_GBps']:.1f} GB/s ({c['limit']}; one thread {c['cpu_1thread_GBps']:.1f} "
+            f"GB/s, all cores {c['cpu_all_cores_GBps']:.1f} GB/s). Copy/add floor: one thread copies "
+            f"{floor['copy_GBps']:.1f} GB/s and adds {floor['add_GBps']:.1f} GB/s on {size(floor['bytes'])} buffers, "
+            f"so a copy-based ring allreduce reaches at most {floor['busbw_GBps']:.1f} GB/s busbw, "
+            f"{100 * floor['of_limit']:.0f}% of the limit (at least {ms(largest / floor['busbw_GBps'] / 1e9)} for "
+            f"{size(largest)} at world size 2).\n\n")
+    column = {id(s): f"{name(s['name'])} x{s['world_size']}" for s in series}
+    columns = list(dict.fromkeys(column.values()))
+    if any(s.get("mpi_algorithm") for s in series):
+        cells = {(s.get("mpi_algorithm") or "default", column[id(s)]): row_at(s, largest) for s in series}
+        rows = [[a] + [_allreduce_cell(cells.get((a, col))) for col in columns]
+                for a in dict.fromkeys(a for a, _ in cells)]
+        return text + f"At {size(largest)}:\n\n" + table(["algorithm", *columns], rows)
+    from common.compare.arguments import byte_size
+
+    shown = [b for b in sorted({r["bytes"] for s in series for r in s["results"]})
+             if not sizes or b in {byte_size(s) for s in sizes.split(",")}]
+    return text + table(["size", *columns],
+                        [[size(b)] + [_allreduce_cell(row_at(s, b)) for s in series] for b in shown])
+
+
+def _knob_used(case: Result, knob: str) -> str:
+    """The value of `knob` the runs of `case` used, and who chose it, from their backend_options."""
+    field, source, unit = KNOB_RECORDS.get(knob, ("", "", ""))
+    options = next((o for r in case["runs"] for o in [r.get("backend_options") or {}] if o.get(field) is not None), {})
+    value = options.get(field)
+    shown = MISSING if value is None else f"{value:g}{unit}" if isinstance(value, float) else f"{value}{unit}"
+    return f"{shown} ({options[source]})" if options.get(source) else shown
+
+
+def throughput(tp: Result) -> str:
+    """Every cell of a throughput result: samples/s, scaling, exchange overhead, both loop ratios and the time split
+    per case, run and world size; for a sweep, the setting and the value the runs used. Empty columns are left out."""
+    st, knob = tp["settings"], next((c["knob"] for c in tp["cases"] if c.get("knob")), "")
     rows = []
-    steps = run_all_steps()
-    for name in files:
-        r = results.get(name)
-        revision = (r["machine"].get("versions") or {}).get("project_git")
-        now = status(name, r, steps)
-        busy = r.get("cpu_busy_before")
-        rows.append([f"`{results.path(name)}`", when(r), tables.MISSING if busy is None else f"{busy:.0%}",
-                     (r.get("load_before") or {}).get("1m", tables.MISSING),
-                     "yes" if r.get("under_load") else "no",
-                     revision[:12] + ("-dirty" if revision.endswith("-dirty") else "") if revision else tables.MISSING,
-                     "yes" if now.current else f"no: {now.reason}"])
-    return "\n".join(lines) + "\n\n" + tables.markdown(
-        ["result", "measured (UTC)", "CPU busy before", "1-minute load before", "under_load", "git revision",
-         "current"], rows)
+    for case in tp["cases"]:
+        keys = sorted(case["throughput"], key=lambda key: (
+            split_key(key)[1], RUN_ORDER.index(split_key(key)[0]) if split_key(key)[0] in RUN_ORDER else 99))
+        for i, key in enumerate(keys):
+            (label, world), split, n = split_key(key), case["time_split"].get(key) or {}, str(key.split("@")[1])
+            what = f"{case['model']} {case['image_size']}x{case['image_size']}" + (f", {setting(case)}" if knob else "")
+            rows.append([what if i == 0 else "", (_knob_used(case, knob) if knob else "") if i == 0 else "",
+                         name(label), world, spread_cell(case["throughput"][key]),
+                         tables.number(case["scaling_efficiency"].get(label, {}).get(n), ".2f"),
+                         tables.percent(case["exchange_overhead"].get(label, {}).get(n)),
+                         *(tables.number(case[r].get(n) if label == "ddp" else None, ".2f")
+                           for r in ("loop_ratio", "loop_ratio_batched")),
+                         rounded(split.get("comm_ms"), 2), rounded(split.get("step_ms"), 3),
+                         tables.percent(split.get("data_frac")),
+                         tables.number(case["throughput"][key]["job_cpu_s"], ".0f")])
+    headers = ["case", f"{knob} used", "run", "world size", "samples/s", "scaling eff.", "exchange overhead",
+               "loop / bare (seed)", "loop / bare (batched)", "comm ms/step", "step ms", "data %", "job CPU s"]
+    kept = [i for i in range(len(headers)) if any(row[i] not in ("", MISSING) for row in rows)]
+    steps = sorted(set(st["steps"].values()))
+    extra = f", every run with `{' '.join(st['extra_train_args'])}`" if st["extra_train_args"] else ""
+    return (f"{st['dataset'].capitalize()} data, per-rank batch {st['batch_size']}, "
+            + (str(steps[0]) if len(steps) == 1 else ", ".join(f"{k} ({m})" for m, k in st["steps"].items()))
+            + f" steps per run (the first not timed), median (min–max) of {st['repeats']} repeat(s){extra}.\n\n"
+            + table([headers[i] for i in kept], [[row[i] for i in kept] for row in rows]))
 
 
-# ---- loop overhead, comm hook, Horovod's cycle ----
-
-def loop_overhead_table(results: Results, name: str) -> str:
+def loop_overhead(result: Result) -> str:
     """µs per step of each piece of bookkeeping, and its share of the step, per model."""
-
-    def body() -> str:
-        result = results.get(name)
-        models = result["rows"]
-        pieces = list(dict.fromkeys(p for m in models for p in m["costs_s"]))
-        headers = ["piece"]
-        for m in models:
-            headers += [f"{m['model']} {m['image_size']}x{m['image_size']}: µs per step",
-                        f"share of its step ({ms(m['step_s'])})"]
-        rows = []
-        for piece in pieces:
-            row = [piece]
-            for m in models:
-                cost = m["costs_s"].get(piece)
-                row += ([rounded(cost * 1e6, 2), tables.percent(cost / m["step_s"], ".3f")] if cost is not None
-                        else [tables.MISSING, tables.MISSING])
-            rows.append(row)
-        total = ["**total**"]
-        for m in models:
-            total += [f"**{rounded(m['total_s'] * 1e6, 3)}**", f"**{tables.percent(m['share_of_step'], '.3f')}**"]
-        rows.append(total)
-        m = models[0]
-        return f"One thread, per-rank batch {m['batch_size']}.\n\n" + tables.markdown(headers, rows)
-
-    return framed(results, [name], body)
+    models = result["rows"]
+    pieces = dict.fromkeys(p for m in models for p in m["costs_s"])
+    headers = ["piece", *(h for m in models for h in (f"{m['model']} {m['image_size']}x{m['image_size']}: µs per step",
+                                                      f"share of its step ({ms(m['step_s'])})"))]
+    rows = [[piece, *(c for m in models for c in ((rounded(m["costs_s"][piece] * 1e6, 2), tables.percent(
+        m["costs_s"][piece] / m["step_s"], ".3f")) if piece in m["costs_s"] else (MISSING, MISSING)))]
+            for piece in pieces]
+    rows.append(["**total**", *(c for m in models for c in (f"**{rounded(m['total_s'] * 1e6, 3)}**",
+                                                             f"**{tables.percent(m['share_of_step'], '.3f')}**"))])
+    return f"One thread, per-rank batch {models[0]['batch_size']}.\n\n" + table(headers, rows)
 
 
-def ddp_comm_hook_table(results: Results, name: str) -> str:
+def ddp_comm_hook(result: Result) -> str:
     """Built-in allreduce against the timing comm hook, ms per step, one row per job."""
-
-    def body() -> str:
-        result = results.get(name)
-        st = result["settings"]
-        rows = [[r["run"], f"{r['builtin_ms']:.2f}", f"{r['python_hook_ms']:.2f}", f"{100 * r['hook_cost']:+.1f}%"]
-                for r in result["rows"]]
-        return (f"{st['model']} {st['image_size']}x{st['image_size']}, per-rank batch {st['batch_size']}, world size "
-                f"{st['world_size']}, one thread per rank; median ms per step of the slowest rank:\n\n"
-                + tables.markdown(["job", "built-in allreduce ms", "Python comm hook ms", "hook − built-in"], rows)
-                + failures(result))
-
-    return framed(results, [name], body)
+    st = result["settings"]
+    return (f"{st['model']} {st['image_size']}x{st['image_size']}, per-rank batch {st['batch_size']}, world size "
+            f"{st['world_size']}, one thread per rank; median ms per step of the slowest rank:\n\n"
+            + table(["job", "built-in allreduce ms", "Python comm hook ms", "hook − built-in"],
+                    [[r["run"], f"{r['builtin_ms']:.2f}", f"{r['python_hook_ms']:.2f}", f"{100 * r['hook_cost']:+.1f}%"]
+                     for r in result["rows"]]))
 
 
-def probe_cost_table(results: Results, name: str) -> str:
-    """A user's DDP script bare and under the probe, samples/s per job and the cost, against the target."""
-
-    def body() -> str:
-        result = results.get(name)
-        st = result["settings"]
-        rows = [[f"{r['model']} {r['image_size']}x{r['image_size']}",
-                 " ".join(f"{v:.1f}" for v in r["bare_samples_per_s"]),
-                 " ".join(f"{v:.1f}" for v in r["probed_samples_per_s"]),
-                 tables.MISSING if r["cost"] is None else f"{100 * r['cost']:+.1f}%"] for r in result["rows"]]
-        return (f"World size {st['world_size']} under {st['launcher']}, per-rank batch {st['batch_size']}, "
-                f"{st['threads']} thread per rank, {st['steps']} steps per job (the first 2 untimed), {st['repeats']} "
-                f"jobs of each kind, alternating; the target is a cost of at most "
-                f"{target('probe_cost')} at resnet18 224x224:\n\n"
-                + tables.markdown(["model", "bare samples/s (each job)", "under the probe (each job)",
-                                   "cost (medians)"], rows)
-                + failures(result))
-
-    return framed(results, [name], body)
+def probe_cost(result: Result) -> str:
+    """A user's DDP script bare and under the probe, samples/s per job and the cost."""
+    st = result["settings"]
+    rows = [[f"{r['model']} {r['image_size']}x{r['image_size']}", *(" ".join(f"{v:.1f}" for v in r[k]) for k in (
+        "bare_samples_per_s", "probed_samples_per_s")), MISSING if r["cost"] is None else f"{100 * r['cost']:+.1f}%"]
+            for r in result["rows"]]
+    return (f"World size {st['world_size']} under {st['launcher']}, per-rank batch {st['batch_size']}, {st['threads']} "
+            f"thread per rank, {st['steps']} steps per job (the first 2 untimed), {st['repeats']} jobs of each kind, "
+            "alternating:\n\n" + table(["model", "bare samples/s (each job)", "under the probe (each job)",
+                                        "cost (medians)"], rows))
 
 
-def horovod_cycle_table(results: Results, name: str) -> str:
+def horovod_cycle(result: Result) -> str:
     """Idle CPU of an initialised Horovod rank and the compute slowdown beside it, per controller and cycle."""
-
-    def body() -> str:
-        result = results.get(name)
-        rows = []
-        for r in result["rows"]:
-            per_rank = " / ".join(f"{100 * x:.0f}" for x in r["idle_cpu_per_s"])
-            yielding = {"1": "yields", "0": "busy-polls"}.get(r.get("mpi_yield_when_idle"), tables.MISSING)
-            rows.append([r["controller"], f"{r['cycle_time_ms']:g} ms", f"{100 * r['idle_cpu_mean']:.0f} ({per_rank})",
-                         f"{100 * r['compute_slowdown']:+.0f}%", yielding if r["controller"] == "mpi" else ""])
-        return tables.markdown(["controller", "HOROVOD_CYCLE_TIME", "idle CPU per rank, % of a core: mean (each rank)",
-                                "compute slowdown", "Open MPI when idle"], rows)
-
-    return framed(results, [name], body)
+    return table(["controller", "HOROVOD_CYCLE_TIME", "idle CPU per rank, % of a core: mean (each rank)",
+                  "compute slowdown", "Open MPI when idle"],
+                 [[r["controller"], f"{r['cycle_time_ms']:g} ms",
+                   f"{100 * r['idle_cpu_mean']:.0f} ({' / '.join(f'{100 * x:.0f}' for x in r['idle_cpu_per_s'])})",
+                   f"{100 * r['compute_slowdown']:+.0f}%", "" if r["controller"] != "mpi" else
+                   {"1": "yields", "0": "busy-polls"}.get(r.get("mpi_yield_when_idle"), MISSING)]
+                  for r in result["rows"]])
 
 
-def stop_latency_table(results: Results, name: str) -> str:
+def stop_latency(result: Result) -> str:
     """Seconds from a Ctrl-C to the last rank's and the launcher's exit, per launcher, against the bound."""
-
-    def body() -> str:
-        result = results.get(name)
-        st = result["settings"]
-        rows = [[r["launcher"], f"{r['step_s']:.1f}", tables.number(r["ranks_exit_s"], ".1f"),
-                 f"{r['launcher_exit_s']:.1f}", f"{r['bound_s']:.1f}", met(r["within_bound"]),
-                 f"step {r['stopped_step']}" if r["checkpoint_written"] else "**none**", str(r["exit_code"])]
-                for r in result["rows"]]
-        return (f"{st['np']} ranks, `{' '.join(st['train_args'])}`; SIGINT to the launcher's process group after "
-                f"{st['steps_before']} steps; bound {st['bound']}:\n\n"
-                + tables.markdown(["launcher", "longest step s", "last rank gone s", "launcher gone s", "bound s",
-                                   "within", "final checkpoint", "exit code"], rows)
-                + failures(result))
-
-    return framed(results, [name], body)
+    st = result["settings"]
+    rows = [[r["launcher"], f"{r['step_s']:.1f}", tables.number(r["ranks_exit_s"], ".1f"),
+             f"{r['launcher_exit_s']:.1f}", f"{r['bound_s']:.1f}", met(r["within_bound"]),
+             f"step {r['stopped_step']}" if r["checkpoint_written"] else "**none**", str(r["exit_code"])]
+            for r in result["rows"]]
+    return (f"{st['np']} ranks, `{' '.join(st['train_args'])}`; SIGINT to the launcher's process group after "
+            f"{st['steps_before']} steps; bound {st['bound']}:\n\n" + table(
+                ["launcher", "longest step s", "last rank gone s", "launcher gone s", "bound s", "within",
+                 "final checkpoint", "exit code"], rows))
 
 
-def _grid_row(g: Dict) -> List[str]:
-    return [g["floor_runs"], f"{g['margin']:g}", f"{len(g['false_alarms'])} of {g['same']}",
-            f"{len(g['misses'])} of {g['real']}", ", ".join(g["false_alarms"] + g["misses"]) or "–"]
-
-
-def verdicts_tables(results: Results, name: str) -> str:
+def verdicts(result: Result) -> str:
     """The verdict corpus: false alarms and misses per floor size and margin, then every pair at the defaults."""
+    st, cases, key = result["settings"], result["cases"], f"{DEFAULT_FLOOR_RUNS}@{FLOOR_MARGIN:g}"
+    grid = [[g["floor_runs"], f"{g['margin']:g}", f"{len(g['false_alarms'])} of {g['same']}",
+             f"{len(g['misses'])} of {g['real']}", ", ".join(g["false_alarms"] + g["misses"]) or "–"]
+            for g in result["grid"]]
+    rows = [[c["name"], c["what"], c["setting"],
+             "same training" if c["kind"] == "same" else f"differs from step {c['expected_step']}",
+             tables.number((j.get("largest_band_ratio") or {}).get("ratio"), ".3g"),
+             ", ".join(f"{q} at {step}" for q, step in sorted((j.get("branches") or {}).items())) or "–",
+             j.get("trains_differently_from") or "–", "yes" if j.get("correct") else "**no**"]
+            for c in cases for j in [c["judged"].get(key) or {}]]
+    same = sum(c["kind"] == "same" for c in cases)
+    return (f"{len(cases)} pairs ({same} same-training, {len(cases) - same} with one real difference), each judged by "
+            f"the comparison's own code against floors of 1 to {st['max_floor']} disturbed runs of its setting, at "
+            f"margins {', '.join(f'{m:g}' for m in st['margins'])}:\n\n"
+            + table(["disturbed runs in the floor", "margin", "false alarms", "misses", "wrong"], grid)
+            + f"\n\nEvery pair at the defaults ({DEFAULT_FLOOR_RUNS} disturbed runs, margin {FLOOR_MARGIN:g}):\n\n"
+            + table(["pair", "the Horovod side (or second run)", "setting", "truth", "largest gap / floor",
+                     "judged from its branch", "judged beyond from step", "right"], rows))
 
-    def body() -> str:
-        result = results.get(name)
-        st = result["settings"]
-        grid = tables.markdown(["disturbed runs in the floor", "margin", "false alarms", "misses", "wrong"],
-                               [_grid_row(g) for g in result["grid"]])
-        key = f"{DEFAULT_RUNS}@{DEFAULT_MARGIN:g}"
-        rows = []
-        for case in result["cases"]:
-            judged = case["judged"].get(key) or {}
-            largest = judged.get("largest_band_ratio") or {}
-            branched = ", ".join(f"{q} at {step}" for q, step in sorted((judged.get("branches") or {}).items()))
-            rows.append([case["name"], case["what"], case["setting"],
-                         "same training" if case["kind"] == "same" else f"differs from step {case['expected_step']}",
-                         tables.number(largest.get("ratio"), ".3g"), branched or "–",
-                         judged.get("trains_differently_from") or "–", "yes" if judged.get("correct") else "**no**"])
-        pairs = tables.markdown(["pair", "the Horovod side (or second run)", "setting", "truth",
-                                 "largest gap / floor", "judged from its branch", "judged beyond from step", "right"],
-                                rows)
-        return (f"{len(result['cases'])} pairs ({sum(c['kind'] == 'same' for c in result['cases'])} same-training, "
-                f"{sum(c['kind'] == 'real' for c in result['cases'])} with one real difference), each judged by "
-                "the comparison's own code against floors of 1 to "
-                f"{st['max_floor']} disturbed runs of its setting, at margins {', '.join(f'{m:g}' for m in st['margins'])}:"
-                f"\n\n{grid}\n\nEvery pair at the defaults ({DEFAULT_RUNS} disturbed runs, margin "
-                f"{DEFAULT_MARGIN:g}):\n\n{pairs}" + failures(result))
 
-    return framed(results, [name], body)
+def exact_cost(result: Result) -> str:
+    """--reduction exact against allreduce: speed and bytes per step, fixed-point error, distance after a run."""
+    st, far = result["settings"], result.get("distance")
+    speed = {(r["model"], r["world_size"], r["mode"]): r for r in result["speed"]}
+    cost = {(c["model"], c["world_size"]): c for c in result["cost"]}
+    rows = []
+    for model, np in sorted({(m, n) for m, n, _ in speed}):
+        a, e, c = speed.get((model, np, "allreduce")), speed.get((model, np, "exact")), cost.get((model, np))
+        repeats = (c or {}).get("per_repeat")
+        rows.append([f"{model} {st['image_sizes'][model]}x{st['image_sizes'][model]}", np,
+                     *(spread_cell(m["samples_per_s"]) if m else MISSING for m in (a, e)),
+                     f"{c['step_time_ratio']:.2f}x" if c else MISSING,
+                     f"{repeats['min']:.2f}–{repeats['max']:.2f}x" if repeats else MISSING,
+                     *(tables.measured(m["comm_ms"]["median"], m["comm_ms"]["min"], m["comm_ms"]["max"])
+                       if m and m.get("comm_ms") else MISSING for m in (a, e)),
+                     *(size(m["bytes_per_step"]) if m else MISSING for m in (a, e))])
+    errors = [[e["model"], e["micro_batches"], f"{e['fixed_point']:.1e}", f"{e['float32_sum']:.1e}"]
+              for e in result["fixed_point_error"]]
+    return (f"{st['launcher']}, global batch {st['global_batch']} in both modes, both modes on micro-batches of "
+            f"{st['micro_batch']} (allreduce mode: per-rank batches of {st['micro_batch']}, accumulated), "
+            f"{st['threads']} thread(s) per rank, {st['steps']} steps, median (min–max) over {st['repeats']} repeats:"
+            "\n\n" + table(["model", "np", "allreduce samples/s", "exact samples/s", "exact step time / allreduce's",
+                            "per repeat (the two runs side by side)", "allreduce exposed comm ms/step",
+                            "exact exposed comm ms/step", "allreduce bytes/step", "exact bytes/step"], rows)
+            + "\n\nLargest error of the mean gradient over the micro-batches, relative to each tensor's largest "
+            "gradient, against float64:\n\n"
+            + table(["model", "micro-batches", "fixed point (exact mode)", "float32, summed in order"], errors)
+            + (f"\n\nAfter a full default run in each mode at {far['world_size']} ranks (settings: {far['settings']}), "
+               f"the two modes' weights differ by at most {far['max_abs_weight_diff']:.2e} (largest weight "
+               f"{far['largest_weight']:.2f}); val top-1: "
+               + ", ".join(f"{mode} {top1:.4f}" for mode, top1 in far["val_top1"].items()) + "." if far else ""))
+
+
+def horovod_api(result: Result) -> str:
+    """Horovod's synthetic benchmark script on the project's Horovod API and on real Horovod: img/s per backend."""
+    rows = [[name(label), f"{b['median']:.2f}", tables.percent(b["spread"]), " ".join(f"{v:.2f}" for v in b["img_s"]),
+             tables.number(result["ratios"].get(f"api/{label}"), ".3f")] for label, b in result["backends"].items()]
+    return (f"{result['model']} {result['image_size']}x{result['image_size']}, batch {result['batch_size']}, "
+            f"{result['np']} ranks, {result['threads_per_rank']} thread per rank, {result['repeats']} repeats:\n\n"
+            + table(["backend", "img/s (median)", "spread (max/min − 1)", "each repeat", "the API's median / this"],
+                    rows))
+
+
+def horovod_suite(result: Result) -> str:
+    """Horovod's own test suite (test_torch.py) per run and world size: how its tests ended."""
+    ends = ("passed", "failed", "error", "skipped", "hung", "crashed", "not run")
+    return (f"`{result['test_file']}` of Horovod at {str(result.get('horovod_revision'))[:12]}, {result['tests']} "
+            f"tests, at most {result['test_timeout_s']:g} s each:\n\n" + table(
+                ["run", "ranks", *ends, "seconds", "launches"],
+                [[name(run["label"]), run["np"], *(run["counts"].get(end, 0) for end in ends),
+                  f"{run['seconds']:.0f}", run["launches"]] for run in result["runs"]]))
+
+
+def port_speed(result: Result) -> str:
+    """Seconds `python -m ddp_train.port` takes on a script, against its target."""
+    return (f"Median of {result['settings']['repeats']} runs of the command, each a process of its own:\n\n" + table(
+        ["lines", "rewrite s", "whole command s", "target s", "met"],
+        [[r["lines"], f"{r['rewrite_median_s']:.3f}", f"{r['command_median_s']:.3f}", f"< {result['target_s']:g}",
+          met(r["command_median_s"] < result["target_s"])] for r in result["rows"]]))
+
+
+#: a result's "benchmark" -> its section: (result, options from the placeholder) -> markdown
+SECTIONS: Dict[str, Callable[..., str]] = {
+    "allreduce": allreduce, "throughput": throughput, "loop_overhead": loop_overhead, "ddp_comm_hook": ddp_comm_hook,
+    "probe_cost": probe_cost, "horovod_cycle": horovod_cycle, "stop_latency": stop_latency, "verdicts": verdicts,
+    "exact_cost": exact_cost, "horovod_api": horovod_api, "horovod_suite": horovod_suite, "port_speed": port_speed}
+
+
+def section(result: Result, *options: str) -> str:
+    """A result's section and, one line each, its failed runs."""
+    failed = ["- **FAILED** " + " ".join(str(f[k]) for k in ("backend", "label", "controller", "launcher", "model",
+                                                            "mode", "case") if f.get(k))
+              + f" x{f.get('world_size', '')}: {(f.get('error') or ' ').splitlines()[0]}"
+              for f in result.get("failures", [])]
+    return SECTIONS[result["benchmark"]](result, *options) + ("\n\n" + "\n".join(failed) if failed else "")
+
+
+def command_block(command: str, width: int = 100) -> str:
+    """A command in a bash block, wrapped between options (an option stays with its values)."""
+    groups: List[str] = []
+    for word in shlex.split(command):
+        if groups and not word.startswith("-"):
+            groups[-1] += " " + shlex.quote(word)
+        else:
+            groups.append(shlex.quote(word))
+    lines = [groups[0]]
+    for group in groups[1:]:
+        if len(lines[-1]) + len(group) + 1 > width:
+            lines[-1] += " \\"
+            lines.append("    " + group)
+        else:
+            lines[-1] += " " + group
+    return "```bash\n" + "\n".join(lines) + "\n```"
+
+
+def framed(results: Results, file: str, *options: str) -> str:
+    """A result file as BENCHMARKS.md shows it: its command, its section, where and when it was measured (the note
+    that it is not measured yet, while the file is not there)."""
+    result = results.get(file)
+    if result is None:
+        return f"_Not measured yet: `benchmarks/run_all.sh` writes `{results.path(file)}`._"
+    day = datetime.fromtimestamp(result["started"], tz=timezone.utc).strftime("%Y-%m-%d")
+    revision = ((result["machine"].get("versions") or {}).get("project_git") or "no recorded revision")
+    at = revision[:12] + ("-dirty" if revision.endswith("-dirty") else "")
+    loaded = ", **under load**" if result.get("under_load") else ""
+    return (f"{command_block(result['command'])}\n\n{section(result, *options)}\n\nSource: `{results.path(file)}` "
+            f"(measured {day} at {at}, {conditions(result)}{loaded}).")
 
 
 def counted(n: int, word: str, plural: str = "") -> str:
@@ -206,118 +365,39 @@ def counted(n: int, word: str, plural: str = "") -> str:
     return f"{n} {word if n == 1 else plural or word + 's'}"
 
 
-def verdicts_sentence(results: Results, name: str) -> str:
-    """The corpus in a few sentences, as docs/comparing.md quotes it (tests/test_docs.py checks)."""
-    result = results.get(name)
+def verdicts_sentence(results: Results, file: str) -> str:
+    """The verdict corpus in a few sentences, as docs/comparing.md quotes it (tests/test_docs.py checks)."""
+    result = results.get(file)
     if result is None:
-        return MISSING_FILE.format(path=results.path(name))
-    at = {(g["floor_runs"], g["margin"]): g for g in result["grid"]}
-    default = at[(DEFAULT_RUNS, DEFAULT_MARGIN)]
-    key = f"{DEFAULT_RUNS}@{DEFAULT_MARGIN:g}"
+        return f"_Not measured yet: `benchmarks/run_all.sh` writes `{results.path(file)}`._"
+    at, key = {(g["floor_runs"], g["margin"]): g for g in result["grid"]}, f"{DEFAULT_FLOOR_RUNS}@{FLOOR_MARGIN:g}"
 
-    def ratio(case: Dict, where: str = key) -> float:
+    def ratio(case: Result, where: str = key) -> float:
         return (case["judged"][where].get("largest_band_ratio") or {}).get("ratio") or 0.0
 
-    def departed(case: Dict) -> float:
-        """How far a real difference is beyond the floor at the step it is judged beyond from."""
-        return case["judged"][key].get("departure_ratio") or 0.0
+    same, real = ([c for c in result["cases"] if c["kind"] == kind] for kind in ("same", "real"))
+    by_lr = [c for c in real if ratio(c) <= FLOOR_MARGIN and c["judged"][key]["correct"]]
 
-    same = [c for c in result["cases"] if c["kind"] == "same"]
-    real = [c for c in result["cases"] if c["kind"] == "real"]
-    by_lr = [c for c in real if ratio(c) <= DEFAULT_MARGIN and c["judged"][key]["correct"]]
-
-    def alarms_of(grid_cell: Dict, where: str) -> tuple:
+    def alarms_of(cell: Result, where: str) -> tuple:
         """The same-training pairs called beyond, and how they read: ' (name, Nx what rounding gives; ...)' or ''."""
-        alarms = [c for c in same if c["name"] in grid_cell["false_alarms"]]
-        read = [f"{c['name']}, {ratio(c, where):,.0f}x what rounding gives" for c in alarms]
-        return alarms, (" (" + "; ".join(read) + ")" if alarms else "")
+        alarms = [c for c in same if c["name"] in cell["false_alarms"]]
+        read = "; ".join(f"{c['name']}, {ratio(c, where):,.0f}x what rounding gives" for c in alarms)
+        return alarms, f" ({read})" if alarms else ""
 
+    default = at[(DEFAULT_FLOOR_RUNS, FLOOR_MARGIN)]
     alarms, shown = alarms_of(default, key)
-    quiet = [c for c in same if c not in alarms]
     text = (f"On {counted(len(same), 'same-training pair')} and {counted(len(real), 'pair')} with one real difference, "
-            f"{DEFAULT_RUNS} disturbed runs at margin {DEFAULT_MARGIN:g} give "
-            f"{counted(len(alarms), 'false alarm')}{shown} and {counted(len(default['misses']), 'miss', 'misses')}: "
-            f"no {'other ' if alarms else ''}same-training pair comes above {max(ratio(c) for c in quiet):.2g}x what "
-            f"rounding gives, and every real difference is called beyond it from the step it first acts, leaving it "
-            f"by at least {min(departed(c) for c in real if c not in by_lr):,.0f}x")
+            f"{DEFAULT_FLOOR_RUNS} disturbed runs at margin {FLOOR_MARGIN:g} give {counted(len(alarms), 'false alarm')}"
+            f"{shown} and {counted(len(default['misses']), 'miss', 'misses')}: no {'other ' if alarms else ''}"
+            f"same-training pair comes above {max(ratio(c) for c in same if c not in alarms):.2g}x what rounding "
+            "gives, and every real difference is called beyond it from the step it first acts, leaving it by at least "
+            f"{min(c['judged'][key].get('departure_ratio') or 0.0 for c in real if c not in by_lr):,.0f}x")
     if by_lr:
-        text += (" or differs in its learning rate (" + ", ".join(f"{c['name']}, {ratio(c):.2g}x" for c in by_lr)
-                 + ")")
-    one = at.get((1, DEFAULT_MARGIN))
-    if one is not None and DEFAULT_RUNS != 1:
-        _, shown = alarms_of(one, f"1@{DEFAULT_MARGIN:g}")
+        text += " or differs in its learning rate (" + ", ".join(f"{c['name']}, {ratio(c):.2g}x" for c in by_lr) + ")"
+    one = at.get((1, FLOOR_MARGIN))
+    if one is not None and DEFAULT_FLOOR_RUNS != 1:
+        _, shown = alarms_of(one, f"1@{FLOOR_MARGIN:g}")
         text += (f". One disturbed run gives {counted(len(one['false_alarms']), 'false alarm')}{shown} and "
                  f"{counted(len(one['misses']), 'miss', 'misses')}")
     return text + "."
 
-
-def exact_cost_tables(results: Results, name: str) -> str:
-    """--reduction exact against allreduce: speed and bytes per step, fixed-point error, distance after a run."""
-
-    def body() -> str:
-        result = results.get(name)
-        st = result["settings"]
-        speed = {(r["model"], r["world_size"], r["mode"]): r for r in result["speed"]}
-        paired = {(c["model"], c["world_size"]): c.get("per_repeat") for c in result.get("cost", [])}
-        rows = []
-        for model, np in sorted({(m, n) for m, n, _ in speed}):
-            a, e = speed.get((model, np, "allreduce")), speed.get((model, np, "exact"))
-            ratio = (a["samples_per_s"]["median"] / e["samples_per_s"]["median"]) if a and e else None
-            per_repeat = paired.get((model, np))
-            rows.append([f"{model} {st['image_sizes'][model]}x{st['image_sizes'][model]}", np,
-                         spread_cell(a["samples_per_s"]) if a else tables.MISSING,
-                         spread_cell(e["samples_per_s"]) if e else tables.MISSING,
-                         f"{ratio:.2f}x" if ratio else tables.MISSING,
-                         (f"{per_repeat['min']:.2f}–{per_repeat['max']:.2f}x" if per_repeat else tables.MISSING),
-                         *(tables.measured(m["comm_ms"]["median"], m["comm_ms"]["min"], m["comm_ms"]["max"])
-                           if m and m.get("comm_ms") else tables.MISSING for m in (a, e)),
-                         tables.size(a["bytes_per_step"]) if a else tables.MISSING,
-                         tables.size(e["bytes_per_step"]) if e else tables.MISSING])
-        if "threads" in st:  # both modes on the same micro-batches, the same threads
-            how = (f"both modes on micro-batches of {st['micro_batch']} (allreduce mode: per-rank batches of "
-                   f"{st['micro_batch']}, accumulated), {st['threads']} thread(s) per rank")
-        else:
-            how = (f"exact micro-batch {st['micro_batch']}, allreduce mode on whole per-rank batches; each mode "
-                   "with its default threads")
-        text = (f"{st['launcher']}, global batch {st['global_batch']} in both modes, {how}, {st['steps']} steps, "
-                f"median (min–max) over {st['repeats']} repeats:\n\n"
-                + tables.markdown(["model", "np", "allreduce samples/s", "exact samples/s",
-                                   "exact step time / allreduce's", "per repeat (the two runs side by side)",
-                                   "allreduce exposed comm ms/step", "exact exposed comm ms/step",
-                                   "allreduce bytes/step", "exact bytes/step"], rows))
-        errors = [[e["model"], e["micro_batches"], f"{e['fixed_point']:.1e}", f"{e['float32_sum']:.1e}"]
-                  for e in result["fixed_point_error"]]
-        text += ("\n\nLargest error of the mean gradient over the micro-batches, relative to each tensor's largest "
-                 "gradient, against float64:\n\n"
-                 + tables.markdown(["model", "micro-batches", "fixed point (exact mode)", "float32, summed in order"],
-                                   errors))
-        far = result.get("distance")
-        if far:
-            scores = ", ".join(f"{mode} {top1:.4f}" for mode, top1 in far["val_top1"].items())
-            text += (f"\n\nAfter a full default run in each mode at {far['world_size']} ranks (settings: "
-                     f"{far['settings']}), the two modes' weights differ by at most {far['max_abs_weight_diff']:.2e} (largest weight "
-                     f"{far['largest_weight']:.2f}); val top-1: {scores}.")
-        return text + failures(result)
-
-    return framed(results, [name], body)
-
-
-#: placeholder name -> block
-BLOCKS: Dict[str, Callable[..., str]] = {
-    "machines": machines,
-    "targets": targets,
-    "target": lambda results, name: target(name),
-    "allreduce_limit": allreduce_limit,
-    "allreduce_table": allreduce_table,
-    "allreduce_algorithms": allreduce_algorithms,
-    "throughput_table": throughput_table,
-    "sweep_table": sweep_table,
-    "data_wait_table": data_wait_table,
-    "loop_overhead_table": loop_overhead_table,
-    "ddp_comm_hook_table": ddp_comm_hook_table,
-    "probe_cost_table": probe_cost_table,
-    "horovod_cycle_table": horovod_cycle_table,
-    "stop_latency_table": stop_latency_table,
-    "verdicts_tables": verdicts_tables,
-    "exact_cost_tables": exact_cost_tables,
-}

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from common import launch
-from common.compare import analysis, floor, tables, trajectory
+from common.compare import analysis, floor, trajectory
 from common.compare.results import ParityResult, as_json
 from common.rundir.names import CONFIG_FILE, LAUNCH_LOG, SUMMARY_FILE
 from common.rundir.reader import read_run
@@ -258,7 +258,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         {*MARGINS, analysis.FLOOR_MARGIN}), "default_margin": analysis.FLOOR_MARGIN,
         "default_floor_runs": floor.DEFAULT_FLOOR_RUNS, "quick": args.quick},
         "cases": cases, "grid": grid, "runs_launched": runner.launched, "failures": runner.failures}
-    return publish(report, args.out / "verdicts.json", table(cases, grid))
+    return publish(report, args.out / "verdicts.json")
 
 
 def summarise(cases: List[Dict], max_floor: int) -> List[Dict]:
@@ -275,23 +275,6 @@ def summarise(cases: List[Dict], max_floor: int) -> List[Dict]:
                     "false_alarms": [c["name"] for c in wrong if c["kind"] == "same"],
                     "misses": [c["name"] for c in wrong if c["kind"] == "real"]})
     return out
-
-
-def table(cases: List[Dict], grid: List[Dict]) -> str:
-    """The grid (false alarms and misses per floor size and margin), then each case at the default."""
-    rows = [[g["floor_runs"], f"{g['margin']:g}", f"{len(g['false_alarms'])}/{g['same']}",
-             f"{len(g['misses'])}/{g['real']}", ", ".join(g["false_alarms"] + g["misses"])] for g in grid]
-    out = tables.text(["floor runs", "margin", "false alarms", "misses", "wrong"], rows)
-    # At the default floor size, or the largest measured when --max-floor is smaller.
-    runs = min(floor.DEFAULT_FLOOR_RUNS, max((g["floor_runs"] for g in grid), default=floor.DEFAULT_FLOOR_RUNS))
-    key = f"{runs}@{analysis.FLOOR_MARGIN:g}"
-    rows = []
-    for c in cases:
-        j = c["judged"].get(key) or {}
-        rows.append([c["name"], c["kind"], c["expected_step"] or "", j.get("trains_differently_from") or "",
-                     "yes" if j.get("correct") else "NO", (j.get("verdict") or "")[:90]])
-    return (out + f"\n\nEach case against a floor of {runs} runs, margin {analysis.FLOOR_MARGIN:g}:\n"
-            + tables.text(["case", "kind", "expected step", "from step", "right", "verdict"], rows))
 
 
 if __name__ == "__main__":
