@@ -49,6 +49,17 @@ def _loopback_interface():
     return None
 
 
+def buffers_not_synced_each_forward(ddp_init) -> dict:
+    """DDP's keyword that stops it broadcasting the buffers from rank 0 at every forward, for this torch:
+    `forward_sync_buffers=False` (torch 2.13 on; buffers still synced once at wrap), else `broadcast_buffers=False`
+    (torch 2.11, 2.12: which also leaves the buffers out of the sync at wrap, so wrap() broadcasts them itself)."""
+    import inspect
+
+    if "forward_sync_buffers" in inspect.signature(ddp_init).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
 #: torch's default comm hooks divide each bucket by the process group's size, then allreduce the sum
 HOOK_DIVIDES = {"allreduce_hook": "before_sum", "fp16_compress_hook": "before_sum"}
 
@@ -201,7 +212,10 @@ class DDPBackend(Backend):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # Buffers are not broadcast on every forward: Horovod does not either, and the loop
         # synchronises them from rank 0 before evaluating and saving (Backend.broadcast_buffers).
-        ddp = DDP(model, device_ids=device_ids, forward_sync_buffers=False, bucket_cap_mb=self.tuning.config.bucket_mb)
+        buffers = buffers_not_synced_each_forward(DDP.__init__)
+        if "broadcast_buffers" in buffers:  # this torch's DDP leaves them out of its sync at wrap too
+            self.broadcast_buffers(model)
+        ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=self.tuning.config.bucket_mb, **buffers)
         reduce = default_hooks.fp16_compress_hook if self.tuning.config.compression == "fp16" else default_hooks.allreduce_hook
 
         def timed_allreduce(state, bucket):
@@ -214,7 +228,8 @@ class DDPBackend(Backend):
         logged = ddp._get_ddp_logging_data()  # DDP's own record of its reducer: its bucket cap, its hook
         self._ddp_built = {"bucket_cap_bytes": logged.get("bucket_cap_bytes"),
                            "comm_hook": logged.get("comm_hook"),
-                           "hook_averages_with": reduce.__name__}
+                           "hook_averages_with": reduce.__name__,
+                           "buffers_keyword": next(iter(buffers))}
         return ddp, optimizer
 
     def unwrap(self, model):
