@@ -48,7 +48,8 @@ class Engine:
 
     def __init__(self, channel: Channel, rank: int, communicator: Callable[[int, int], execute.Communicator],
                  on_set: Callable[[Response], None], join_device: Callable[[], int], silence_s: float,
-                 on_event: Optional[Callable[[str, str, bool], None]] = None) -> None:
+                 on_event: Optional[Callable[[str, str, bool], None]] = None,
+                 on_closed: Optional[Callable[[int], None]] = None) -> None:
         self.channel = channel
         self.rank = rank
         self.communicator = communicator
@@ -56,6 +57,7 @@ class Engine:
         self.join_device = join_device
         self.silence_s = silence_s
         self.on_event = on_event
+        self.on_closed = on_closed
         self.table: Dict[Key, Entry] = {}
         self.lock = threading.Lock()
         self.responses: "queue.Queue[Optional[Response]]" = queue.Queue()
@@ -136,6 +138,8 @@ class Engine:
             entries = [self.table.pop(key) for key in keys]
         for entry in entries:
             entry.handle.fail(SHUT_DOWN)
+        if self.on_closed is not None:
+            self.on_closed(gen)
 
     def _break(self, message: str) -> None:
         """Nothing more can run: fail everything that waits, and everything asked from now on."""

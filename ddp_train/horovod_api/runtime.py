@@ -90,6 +90,7 @@ class State:
     handles: HandleTable = field(default_factory=HandleTable)
     join_device: int = -1
     timeline_hook: Optional[object] = None
+    ended_elsewhere: bool = False  # another rank's shutdown (or a stall) ended this generation while in it
 
 
 STATE = State()
@@ -178,11 +179,19 @@ def _build_world() -> World:
     channel.sock.settimeout(None)
     silence = coordination.HEARTBEAT_S * 60 if settings.stall_shutdown_s > 0 else 0.0
     engine = Engine(channel, rank, _set_communicator, _on_set, lambda: STATE.join_device, silence,
-                    on_event=_timeline_event)
+                    on_event=_timeline_event, on_closed=_on_closed)
     world = World(topology, settings, everyone, engine, coordinator, {tuple(range(size)): everyone})
     engine.start()
     atexit.register(_at_exit)
     return world
+
+
+def _on_closed(gen: int) -> None:
+    """A generation was shut down (reader thread). This rank's, while it is in it: its next init() starts the next
+    one, as the ranks that shut it down do. One it has not reached yet (another rank is a generation ahead) stays its
+    own to enter, and to shut down."""
+    if STATE.initialized and gen == STATE.gen:
+        STATE.ended_elsewhere = True
 
 
 def _set_communicator(gen: int, ps: int) -> Communicator:
@@ -234,6 +243,7 @@ def init(comm: Optional[object] = None, process_sets: Optional[object] = None) -
     STATE.handles.reset()
     STATE.sets = {}
     STATE.join_device = -1
+    STATE.ended_elsewhere = False
     STATE.initialized = True
     _export(world.topology)
     sets.on_init(world.topology.size, world.topology.rank)
@@ -296,8 +306,7 @@ def topology() -> Topology:
 
 def is_initialized() -> bool:
     """Whether init() was called and no rank's shutdown() has ended it since."""
-    world = STATE.world
-    return STATE.initialized and world is not None and STATE.gen not in world.engine.closed
+    return STATE.initialized and STATE.world is not None and not STATE.ended_elsewhere
 
 
 def rank() -> int:
