@@ -23,7 +23,7 @@ from common.compare import arguments, tables
 from common.launch.hosts import DEFAULT_PORT
 
 from .allreduce_worker import MPI_ALGORITHM_VARIABLE
-from .jobs import Workers, add_np, add_out, add_timeout, parser, refuse, run_cli
+from .jobs import Env, Workers, add_np, add_out, add_timeout, parser, refuse, run_cli
 from .machine import Record, cores, figure_title, publish
 
 #: series name -> (launcher that starts it, allreduce_worker --backend)
@@ -172,7 +172,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 launcher, backend = SERIES[name]
                 print(f"allreduce: {name} {algorithm or ''} x{np} via {launcher} ...", flush=True)
                 number = MPI_ALGORITHMS[algorithm] if algorithm else None
-                env = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", MPI_ALGORITHM_VARIABLE: str(number)} \
+                env: Env = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", MPI_ALGORITHM_VARIABLE: str(number)} \
                     if number else {}
                 started = time.monotonic()
                 data = workers.run("-".join(map(str, filter(None, (name, algorithm, np)))), launcher, np,

@@ -14,7 +14,7 @@ import sys
 import time
 from argparse import Namespace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 import torch.distributed as dist
@@ -32,7 +32,8 @@ from .machine import Record, publish
 def make(model_name: str, image_size: int, python_hook: bool) -> Tuple[DDP, torch.optim.Optimizer]:
     model = DDP(build_model(model_name, 3, image_size, 10, 0), forward_sync_buffers=False)
     if python_hook:
-        model.register_comm_hook(None, lambda state, bucket: default_hooks.allreduce_hook(None, bucket))
+        default_group = cast(dist.ProcessGroup, None)  # the hook's None: the default group, as DDPBackend's
+        model.register_comm_hook(None, lambda state, bucket: default_hooks.allreduce_hook(default_group, bucket))
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 

@@ -123,7 +123,7 @@ def fixed_point_error(model_name: str, size: int, global_batch: int, micro_batch
     fixed = FixedPoint(numels, len(grads))
     fixed.rescale(torch.stack([tensor_maxima(list(g.split(numels))) for g in grads]).max(dim=0).values)
     reference = torch.stack(grads).double().mean(dim=0)
-    in_fixed = fixed.to_floats(sum(fixed.to_integers(g) for g in grads), len(grads)).double()
+    in_fixed = fixed.to_floats(torch.stack([fixed.to_integers(g) for g in grads]).sum(dim=0), len(grads)).double()
     in_float32 = grads[0].clone()
     for g in grads[1:]:
         in_float32 += g

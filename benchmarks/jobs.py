@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, cast
 
 from common import launch
 from common.compare.arguments import world_sizes
@@ -117,7 +117,8 @@ class Workers:
                  port: int = DEFAULT_PORT) -> None:
         self.benchmark, self.out, self.timeout_s, self.hosts, self.port = benchmark, out, timeout_s, hosts, port
         self.failures: List[Dict[str, Any]] = []
-        self.last_command, self.last_placement, self.jobs = "", None, 0  # the latest job's, for the record
+        self.last_command, self.jobs = "", 0  # the latest job's command and placement, for the record
+        self.last_placement: Optional[str] = None
 
     def run(self, tag: str, launcher: str, np: int, module: str, args: Sequence[str], env: Optional[Env] = None,
             **identity: Any) -> Optional[Dict[str, Any]]:
@@ -129,7 +130,7 @@ class Workers:
                                 module=module, hosts=self.last_placement, port=self.port + self.jobs)
         self.jobs, self.last_command = self.jobs + 1, shown(commands)
         try:
-            _check(run_commands(commands, self.timeout_s, env=job_env(env), cwd=REPO,
+            _check(run_commands(cast(Dict[str, Sequence[str]], commands), self.timeout_s, env=job_env(env), cwd=REPO,
                                 log=self.out / "logs" / f"{self.benchmark}-{tag}.log"), self.timeout_s)
             data = json.loads(result.read_text())
             result.unlink()

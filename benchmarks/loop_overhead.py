@@ -78,6 +78,12 @@ def measure(model_name: str, image_size: int, batch: int, threads: int, repeats:
     step_s = timed(step, max(3, repeats // 50))
     logits, loss = state["logits"], state["loss"]
     meter, activity = SumMeter(["loss", "correct"], torch.device("cpu")), Activity()
+
+    def notes() -> None:  # the loop's notes of a step: its batch loaded, computing, the step done, loading the next
+        activity.set("forward, backward and the optimizer step")
+        activity.step = 1
+        activity.set("loading data")
+
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = RunDir(tmp, True)
         run_dir.open()
@@ -89,9 +95,7 @@ def measure(model_name: str, image_size: int, batch: int, threads: int, repeats:
             "weight fingerprint (rank 0)": lambda: weight_norms(model),
             "metrics.jsonl step line": lambda: run_dir.log("step", epoch=0, step=1, loss=0.5, lr=0.1, batch=batch,
                                                             data_s=0.001, step_s=0.1, comm_s=0.01),
-            # the loop's notes of a step: its batch loaded, computing, the step done, loading the next
-            "activity notes": lambda: (activity.set("forward, backward and the optimizer step"),
-                                       setattr(activity, "step", 1), activity.set("loading data")),
+            "activity notes": notes,
         }
         costs = {piece: timed(fn, repeats) for piece, fn in parts.items()}
         run_dir.close()

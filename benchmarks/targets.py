@@ -65,7 +65,7 @@ def loop_target(tp: Result) -> Judged:
 def overhead_target(tp: Result) -> Judged:
     """Each backend's exchange overhead at 2 ranks, resnet18 224x224 at one thread per rank, and how much of it the
     independent processes' unequal pace explains (ranks in step go at the slowest one's pace, their sum does not)."""
-    case = next((c for c in tp["cases"] if (c["model"], c["image_size"]) == ("resnet18", 224)), {})
+    case: Result = next((c for c in tp["cases"] if (c["model"], c["image_size"]) == ("resnet18", 224)), {})
     at_2 = [r for r in case.get("runs", []) if r["world_size"] == 2]
     if not at_2 or any(r.get("threads") != 1 for r in at_2):  # the threads each run recorded
         return "resnet18 224x224 at one thread per rank not measured", met(None)
@@ -88,7 +88,7 @@ def scaling_target(result: Result) -> Judged:
     shown = [f"{setting(case)}: " + (", ".join(f"{name(label)} {points['2']:.2f}" for label, points
                                                in sorted(case["scaling_efficiency"].items()) if "2" in points)
                                      or "no world size 2") for case in result["cases"]]
-    reference = next((c for c in result["cases"] if c["knob"] is None or (
+    reference: Result = next((c for c in result["cases"] if c["knob"] is None or (
         not c.get("train_args") and all(v is None for v in (c.get("env") or {}).values()))),
         {"scaling_efficiency": {}, "knob": None})
     verdicts = []

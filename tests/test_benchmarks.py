@@ -137,7 +137,7 @@ def test_the_report_shows_the_benchmarks_beside_the_runs_it_compares(measured, t
     run = tp["cases"][0]["runs"][0]["run_dirs"][0]
     assert compare_in_process("--runs", run, "--bench", bench, "--out", tmp_path / "report").returncode == 0
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "### Allreduce bandwidth" in report and "### Training throughput" in report
+    assert "Allreduce bandwidth\n" in report and "Training throughput\n" in report
     for series in json.loads((bench / "allreduce.json").read_text())["series"]:
         assert f"{series['results'][-1]['busbw_GBps']:.2f} GB/s" in report
     assert f"| horovod-gloo | 1 | {tp['cases'][0]['throughput']['horovod-gloo@1']['median']:.1f}" in report
@@ -248,6 +248,31 @@ def test_named_steps_run_alone_and_an_unknown_name_is_refused(tmp_path):
         f"--no-distance --out {tmp_path} --work W/exact")
 
 
+#: in a clean clone: a complete run of the last revision that changed the training is reused without a launch; one
+#: cut short, or made by other training code, by changes not committed or by a revision unknown here, is not
+VERDICTS_REUSE = """if True:
+    import hashlib, json, subprocess, sys
+    from pathlib import Path
+    from benchmarks import stale
+    from benchmarks.verdicts import Runner, reusable
+    same, before = subprocess.run(["git", "log", "-2", "--format=%H", "--", *stale.training_inputs()],
+                                  capture_output=True, text=True, check=True).stdout.split()
+    args = ["--model", "mlp", "--threads", "1"]
+    digest = hashlib.sha256(json.dumps(["torchrun", 1, args]).encode()).hexdigest()[:12]
+    run = Path(sys.argv[1]) / f"torchrun-1-{digest}"  # where the Runner keeps this run
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"versions": {"project_git": same}}))
+    assert not reusable(run)
+    (run / "summary.json").write_text("{}")
+    runner = Runner(run.parent, timeout_s=60)
+    assert reusable(run) and runner.run("torchrun", 1, args) == run and runner.launched == 0
+    for other in (before, same + "-dirty", "b" * 40, None):
+        (run / "config.json").write_text(json.dumps({"versions": {"project_git": other}}))
+        assert not reusable(run), other
+    print("reused")
+"""
+
+
 def test_stale_says_which_results_to_measure_again_and_why(tmp_path):
     clone = tmp_path / "clone"
     assert run_cmd(["git", "clone", "-q", str(REPO), str(clone)]).returncode == 0
@@ -268,6 +293,9 @@ def test_stale_says_which_results_to_measure_again_and_why(tmp_path):
 
     now = said()
     assert now["throughput.json"].startswith("current") and now["stop_latency.json"].startswith("current")
+    # The verdict corpus reuses a run only when a clean revision of the same training made it (on this clean clone).
+    reuse = run_cmd([PY, "-c", VERDICTS_REUSE, str(tmp_path / "work")], cwd=clone)
+    assert reuse.output.split()[-1] == "reused" and reuse.returncode == 0, reuse.output
     assert now["exact_cost.json"].startswith("stale, its step in run_all.sh runs another command now")
     assert now["verdicts.json"].startswith("stale, it was measured on uncommitted code")
     assert now["probe_cost.json"] == "stale, not measured yet"
@@ -325,35 +353,3 @@ def test_the_cpu_another_program_keeps_busy_shows_in_the_share_of_all_cores():
         spinner.kill()
         spinner.wait()
     assert busy is not None and 0.8 / cores() <= busy <= 1.0
-
-
-# ---- the verdict corpus reuses runs of the same training ----
-
-def last_training_change() -> tuple:
-    """The last commit that changed a file the training depends on, and the one before it."""
-    from benchmarks import stale
-
-    out = subprocess.run(["git", "-C", str(REPO), "log", "-2", "--format=%H", "--", *stale.training_inputs()],
-                         capture_output=True, text=True, check=True).stdout.split()
-    return out[0], out[1]
-
-
-def test_verdicts_reuse_a_run_only_when_a_clean_revision_of_the_same_training_made_it(tmp_path):
-    """A complete run left in --work by a revision whose training is this checkout's is reused, without a launch;
-    one made by other training code, by changes not committed or by a revision this clone does not know is not."""
-    from benchmarks.verdicts import Runner, reusable
-
-    same, before = last_training_change()
-    runner = Runner(tmp_path, timeout_s=60)
-    args = ["--model", "mlp", "--threads", "1"]
-    import hashlib
-
-    run = tmp_path / f"torchrun-1-{hashlib.sha256(json.dumps(['torchrun', 1, args]).encode()).hexdigest()[:12]}"
-    run.mkdir()
-    (run / CONFIG_FILE).write_text(json.dumps({"versions": {"project_git": same}}))
-    assert not reusable(run)  # no summary: cut short
-    (run / SUMMARY_FILE).write_text("{}")
-    assert reusable(run) and runner.run("torchrun", 1, args) == run and runner.launched == 0
-    for other in (before, same + "-dirty", "b" * 40, None):
-        (run / CONFIG_FILE).write_text(json.dumps({"versions": {"project_git": other}}))
-        assert not reusable(run), other
