@@ -46,4 +46,7 @@ LAUNCHERS = [
                          "a c10d rendezvous across hosts"),
     Launcher("srun", "ddp", "ddp_train", "ddp", _srun, slurm=True,
              description="srun without torchrun: one Slurm task per process"),
+    Launcher("torchrun-horovod-api", "horovod-api", "ddp_train.horovod_api", "horovod-api", _torchrun, per_host=True,
+             api="horovod", description="torchrun running a Horovod script on the Horovod API "
+                                        "(python -m ddp_train.horovod_api)"),
 ]

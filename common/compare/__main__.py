@@ -71,6 +71,9 @@ def build_compare_parser() -> argparse.ArgumentParser:
                    help="compare your own training scripts, unmodified: HOROVOD_SCRIPT DDP_SCRIPT (or one of them "
                         "alone), run from this folder under horovodrun and torchrun with the probe, which records "
                         "every step; the scripts' own arguments go after --")
+    p.add_argument("--horovod-api", action="store_true",
+                   help="with --scripts TRAIN_HOROVOD.py: run the Horovod script under horovodrun (Horovod itself) and "
+                        "under torchrun on this project's Horovod API (python -m ddp_train.horovod_api), and compare")
     p.add_argument("--force", action="store_true", help="compare runs even when they are not comparable")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help="max |Δw| under which non-identical weights are called equal")
@@ -146,6 +149,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if "--" in argv:  # what follows is the scripts' own
         argv, script_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args, train_args = build_compare_parser().parse_known_args(argv)
+    if args.horovod_api and not args.scripts:
+        return fail("--horovod-api runs a Horovod script on the API and on Horovod: give it with --scripts "
+                    "TRAIN_HOROVOD.py")
     if script_args and not args.scripts:
         return fail(f"arguments after -- ({' '.join(script_args)}) are a script's; they go with --scripts")
     if args.scripts:
@@ -155,7 +161,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.runs:
             return fail("--scripts launches your scripts; --runs compares run directories: give one of them")
         try:
-            program = scripts.program(args.scripts, script_args)
+            program = (scripts.on_the_api if args.horovod_api else scripts.program)(args.scripts, script_args)
         except ValueError as exc:
             return fail(str(exc))
     if args.repeats < 1:
@@ -189,8 +195,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         explain = [] if "none" in args.explain or is_exact(given) else args.explain
         backends = args.backends
         if args.scripts:
-            # DDP first: the noise floor's disturbed runs are the first cell's, the DDP script's
-            explain, backends = [], sorted((backend for backend, _ in program.scripts), key=lambda b: b != "ddp")
+            # DDP (or the Horovod API) first: the noise floor's disturbed runs are the first cell's, the candidate's
+            explain, backends = [], sorted((backend for backend, _ in program.scripts),
+                                           key=lambda b: b not in ("ddp", "horovod-api"))
         world_sizes = sorted(set(args.world_sizes))
         try:
             site = choose_site(args)

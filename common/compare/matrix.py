@@ -93,8 +93,8 @@ def plan(backends: Sequence[str], world_sizes: Sequence[int], controllers: Optio
     cells = []
     for np in world_sizes:
         for backend in backends:
-            if backend == "ddp":
-                cells.append((site.launcher("ddp", None), np))
+            if backend != "horovod":  # ddp, horovod-api: one launcher each
+                cells.append((site.launcher(backend, None), np))
             elif controllers is None:
                 cells.append((site.launcher("horovod", "gloo"), np))
                 if np == largest:
@@ -174,7 +174,8 @@ class Scripts:
 
     def argv(self, planned: PlannedRun, run_dir: Path) -> List[str]:
         script = dict(self.scripts)[planned.launcher.backend]
-        return ["--run-dir", str(run_dir), *planned.extra_args, script, *self.args]
+        api = ["--api", planned.launcher.api] if planned.launcher.api else []
+        return ["--run-dir", str(run_dir), *api, *planned.extra_args, script, *self.args]
 
     def env(self, base: Dict[str, str], ranks_per_host: int) -> Dict[str, str]:
         """PYTHONSAFEPATH for the probe (a `common` module in the scripts' folder must not shadow the probe's

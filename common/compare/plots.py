@@ -64,28 +64,36 @@ def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None,
     epoch, a colour, line style and marker per backend so that lines that coincide stay visible over each other,
     and in each panel which runs coincide (bitwise identical or within rounding, from `pairs`); where a noise
     floor was measured, a band of its spread (the disturbed runs' distance from their base) around the base's
-    curve. The legend sits below the panels, outside the data."""
+    curve. Runs of scripts, which record steps and no epochs, show rank 0's loss per step. The legend sits below
+    the panels, outside the data."""
     floors = floors or {}
     shown = [r for r in runs if r.repeat == 0 and not r.identity.is_variant]
     worlds = sorted({r.world_size for r in shown}) or [1]
-    fig, axes = plt.subplots(2, len(worlds), figsize=(max(4.2 * len(worlds), 6), 6.2), squeeze=False,
-                             sharex="col")
+    by_epoch = any(r.epochs() for r in shown)
+    rows = 2 if by_epoch else 1
+    fig, axes = plt.subplots(rows, len(worlds), figsize=(max(4.2 * len(worlds), 6), 3.1 * rows + 0.6),
+                             squeeze=False, sharex="col")
     handles: Dict[str, object] = {}
     for col, world in enumerate(worlds):
-        ax_loss, ax_acc = axes[0][col], axes[1][col]
+        ax_loss = axes[0][col]
         here = sorted((r for r in shown if r.world_size == world), key=lambda r: r.label != "ddp")
-        floor_here = floors.get(world)
         for run in here:
+            ls, marker = style_of(run.label)
+            style = {"ls": ls, "marker": marker, "ms": 5 if by_epoch else 2, "mfc": "none", "color": color_of(run.label),
+                     "lw": 1.6 if by_epoch else 1.0}
+            if not by_epoch:
+                losses = run.step_losses()
+                line, = ax_loss.plot(sorted(losses), [losses[s] for s in sorted(losses)], **style)
+                handles.setdefault(run.label, line)
+                continue
             epochs = run.epochs()
             xs = [e["epoch"] + 1 for e in epochs]
-            ls, marker = style_of(run.label)
-            color = color_of(run.label)
-            line, = ax_loss.plot(xs, [e["train_loss"] for e in epochs], ls=ls, marker=marker, ms=5, mfc="none",
-                                 color=color, lw=1.6, label=run.label)
+            line, = ax_loss.plot(xs, [e["train_loss"] for e in epochs], **style)
             handles.setdefault(run.label, line)
             evals = [e for e in epochs if e.get("val_top1") is not None]
-            ax_acc.plot([e["epoch"] + 1 for e in evals], [100 * e["val_top1"] for e in evals], ls=ls,
-                        marker=marker, ms=5, mfc="none", color=color, lw=1.6)
+            ax_acc = axes[1][col]
+            ax_acc.plot([e["epoch"] + 1 for e in evals], [100 * e["val_top1"] for e in evals], **style)
+            floor_here = floors.get(world)
             if floor_here and run.name == floor_here["base"]:
                 spread = _floor_spread(runs, floor_here)
                 lo_hi = [(e["train_loss"], spread.get(e["epoch"], {}).get("loss", 0.0)) for e in epochs]
@@ -100,17 +108,23 @@ def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None,
         if said:
             ax_loss.text(0.98, 0.97, "\n".join(said), transform=ax_loss.transAxes, ha="right", va="top",
                          fontsize=8, bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#cccccc"})
-        ax_loss.set(title=f"world size {world}", yscale="log")
-        ax_acc.set(xlabel="epoch")
-        for ax in (ax_loss, ax_acc):
+        if not here:
+            empty(ax_loss, "no run")
+        ax_loss.set(title=f"world size {world}")
+        values = [y for line in ax_loss.lines for y in line.get_ydata() if y == y]
+        if values and min(values) > 0 and max(values) > 10 * min(values):  # a log axis where it spans decades
+            ax_loss.set_yscale("log")
+        axes[-1][col].set(xlabel="epoch" if by_epoch else "step")
+        for ax in (axes[r][col] for r in range(rows)):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("training loss")
-    axes[1][0].set_ylabel("validation top-1 (%)")
+    axes[0][0].set_ylabel("training loss" if by_epoch else "rank 0's training loss")
+    if by_epoch:
+        axes[1][0].set_ylabel("validation top-1 (%)")
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 6),
                    fontsize=9, frameon=False)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.tight_layout(rect=(0, 0.1 if rows == 1 else 0.07, 1, 1))
     return save(fig, out / PLOTS["curves"], tight=False)
 
 

@@ -27,6 +27,16 @@ def backend_of(path: Path) -> str:
     return "ddp"
 
 
+def on_the_api(paths: Sequence[str], args: Sequence[str]) -> Scripts:
+    """--horovod-api: one Horovod script, run under horovodrun (the real Horovod) and under torchrun on the
+    project's Horovod API (the probe's --api horovod)."""
+    if len(paths) != 1 or backend_of(Path(paths[0])) != "horovod":
+        shown = " ".join(paths)
+        raise ValueError(f"--horovod-api runs one Horovod script on the API and on Horovod: give --scripts "
+                         f"TRAIN_HOROVOD.py alone (not {shown})")
+    return Scripts((("horovod-api", paths[0]), ("horovod", paths[0])), tuple(args))
+
+
 def program(paths: Sequence[str], args: Sequence[str]) -> Scripts:
     """The scripts to run: HOROVOD_SCRIPT DDP_SCRIPT, or one alone (under its own backend's launcher)."""
     if len(paths) > 2:

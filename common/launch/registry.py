@@ -52,6 +52,9 @@ class Launcher:
     single_process: bool = False      # starts the program alone, without a launcher (np is 1)
     per_host: bool = False            # across hosts, the command is started on every host (torchrun)
     slurm: bool = False               # srun: starts the processes inside a Slurm allocation
+    #: runs a user's script on this project's implementation of that library's API ("horovod"), under the probe's
+    #: --api; no training module of the project's own (so not among host_launchers' training launchers)
+    api: Optional[str] = None
     description: str = ""
 
     def command(self, np: int, args: Sequence[str] = (), module: Optional[str] = None,
@@ -115,7 +118,8 @@ def launchers() -> List[Launcher]:
 def host_launchers(single_process: bool = False) -> List[Launcher]:
     """The launchers that start training on this host's processes without Slurm: those that start several
     processes (torchrun, horovodrun, mpirun), or with `single_process` those that run one alone."""
-    return [l for l in launchers() if l.single_process == single_process and not l.slurm]
+    return [launcher for launcher in launchers()
+            if launcher.single_process == single_process and not launcher.slurm and launcher.api is None]
 
 
 def get(name: str) -> Launcher:

@@ -22,7 +22,8 @@ import argparse
 import atexit
 import os
 import sys
-from typing import List, NoReturn, Optional
+from importlib.metadata import entry_points
+from typing import Any, Dict, List, NoReturn, Optional
 
 from ..errors import OneLineParser, print_error
 from ..launch import userscript
@@ -41,9 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "and, where the script's gradients are exchanged at a lower precision, each reduced "
                         "gradient one unit of that precision at every step (the noise floor's disturbance)")
     p.add_argument("--perturb-pattern", type=int, default=1, metavar="P", help="which way each tensor moves")
+    p.add_argument("--api", choices=sorted(apis()), default=None,
+                   help="run the script on this project's implementation of a library's API (horovod: Horovod's torch "
+                        "API on torch.distributed, as python -m ddp_train.horovod_api does)")
     p.add_argument("script", help="the training script, as you would give it to python")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return p
+
+
+#: the entry-point group of the APIs a script can run on (found by name, never imported by name)
+API_GROUP = "hvd_ddp_compare.apis"
+
+
+def apis() -> Dict[str, Any]:
+    """The installers of the APIs a script can run on, by name (the backends register them)."""
+    return {entry.name: entry for entry in entry_points(group=API_GROUP)}
 
 
 def refuse(message: str) -> NoReturn:
@@ -66,6 +79,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     session = Session(os.path.abspath(args.run_dir), args.script, list(args.args), placement, args.perturb_ulp,
                       args.perturb_pattern, refuse)
     session.start()
+    if args.api:  # before the script's `import horovod`: the API, never the real library
+        apis()[args.api].load()()
     resume_collector()
     atexit.register(session.finish)
     try:

@@ -201,6 +201,9 @@ def distributed_world() -> Dict[str, Any]:
     if hvd is not None:
         try:
             if hvd.is_initialized():
+                if not hvd.__name__.startswith("horovod"):  # this project's Horovod API on torch.distributed
+                    return {"name": "horovod-api", "controller": None, "size": hvd.size(),
+                            "process_group": torch.distributed.get_backend()}
                 controller = "gloo" if hvd.gloo_enabled() else "mpi" if hvd.mpi_enabled() else None
                 return {"name": "horovod", "controller": controller, "size": hvd.size()}
         except (AttributeError, ValueError):
