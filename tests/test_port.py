@@ -216,10 +216,21 @@ def test_fp16_compression_ports_apart_by_rounding_only(folder):
 
 
 def test_the_dropped_zero_step_parts_the_port_where_and_why_the_report_says(folder):
+    """compare-backends --port: the port made and compared in one command; where the two part, the verdict names
+    the rewrite that explains it, and the report shows the port's rewrites."""
     (zero,) = [c for c in report_of(folder, "adam").changes if c.rule == "hvd.broadcast_optimizer_state"]
     assert zero.changes_training and "Adam's step count" in zero.effect
-    pair = compared(folder, "adam", "--noise-floor", "off")
+    out = folder / "compare-port-adam"
+    result = compare("--port", "horovod_adam.py", "--np", "2", "--hvd-controllers", "gloo", "--repeats", "1",
+                     "--noise-floor", "off", "--out", out, "--", *ARGS, cwd=folder)
+    assert result.returncode == 0, result.output[-4000:]
+    assert "ported horovod_adam.py to " in result.output and (folder / "horovod_adam_ported.py").is_file()
+    (pair,) = json.loads((out / SUMMARY_FILE).read_text())["parity"]
     # the zero step moves no weight under Adam: the first step's loss is the same, the second is not
     assert pair["first_differing_step"] == 2, pair
     assert pair["cause"]["quantity"] == zero.cause and pair["cause"]["step"] == 1, pair["cause"]
     assert "broadcast_optimizer_state" in pair["cause"]["text"], pair["cause"]
+    assert pair["explained_by"] == f"the port's rewrite at line {zero.line} (hvd.broadcast_optimizer_state)"
+    assert pair["explained_by"] in pair["verdict"]
+    report = (out / "report.md").read_text()
+    assert "## The port" in report and f"| {zero.line} | hvd.broadcast_optimizer_state |" in report

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 from common.launch import stopped_exit, terminating_like_ctrl_c
 from common.launch.hosts import DEFAULT_PORT
 from common.rundir.reader import check_comparable, number_repeats, read_run
-from . import arguments, benchmarks, report, scripts
+from . import arguments, benchmarks, port, report, scripts
 from . import floor
 from ..config import given_options, is_exact, positive_float, positive_int
 from ..errors import OneLineParser, print_error
@@ -58,9 +58,9 @@ def build_compare_parser() -> argparse.ArgumentParser:
                    help="run across these hosts, as horovodrun -H spells them (node0:4,node1:4); each world size is "
                         "placed on them in order. Needs passwordless ssh and the same paths on every host; the "
                         "launch doctor checks both before any run")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+    p.add_argument("--rdzv-port", type=int, default=DEFAULT_PORT, metavar="P",
                    help="with --hosts or --slurm: the rendezvous port of the first run on the first host (run i "
-                        "uses port + i)")
+                        "uses P + i)")
     p.add_argument("--slurm", action="store_true",
                    help="inside a Slurm allocation: start every run with srun on the allocation's nodes (DDP one "
                         "task per process, Horovod through PMI: srun --mpi=$SRUN_MPI, default pmix)")
@@ -71,6 +71,10 @@ def build_compare_parser() -> argparse.ArgumentParser:
                    help="compare your own training scripts, unmodified: HOROVOD_SCRIPT DDP_SCRIPT (or one of them "
                         "alone), run from this folder under horovodrun and torchrun with the probe, which records "
                         "every step; the scripts' own arguments go after --")
+    p.add_argument("--port", metavar="TRAIN_HOROVOD.py",
+                   help="port this Horovod script to DDP (python -m ddp_train.port; the port is written beside it as "
+                        "NAME_ported.py) and compare the two as --scripts does, with the port's report beside the "
+                        "verdicts; the scripts' own arguments go after --")
     p.add_argument("--horovod-api", action="store_true",
                    help="with --scripts TRAIN_HOROVOD.py: run the Horovod script under horovodrun (Horovod itself) and "
                         "under torchrun on this project's Horovod API (python -m ddp_train.horovod_api), and compare")
@@ -91,14 +95,14 @@ def fail(message: str) -> int:
 
 def choose_site(args: argparse.Namespace) -> ThisHost:
     """Where the runs go: --slurm, --hosts or this host (ValueError on a bad combination)."""
-    if not 0 < args.port < 65536 - 100:
-        raise ValueError(f"--port {args.port} is not a TCP port; pick one in 1024-65000")
+    if not 0 < args.rdzv_port < 65536 - 100:
+        raise ValueError(f"--rdzv-port {args.rdzv_port} is not a TCP port; pick one in 1024-65000")
     if args.slurm:
         if args.hosts:
             raise ValueError("--slurm takes the allocation's nodes; drop --hosts")
-        return SlurmAllocation(args.port)
+        return SlurmAllocation(args.rdzv_port)
     if args.hosts:
-        return Hosts(args.hosts, args.port)
+        return Hosts(args.hosts, args.rdzv_port)
     return ThisHost()
 
 
@@ -149,6 +153,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     if "--" in argv:  # what follows is the scripts' own
         argv, script_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args, train_args = build_compare_parser().parse_known_args(argv)
+    ported = None
+    if args.port:
+        if args.scripts or args.runs:
+            return fail("--port ports one Horovod script and compares it with its port: drop --scripts/--runs")
+        if args.port.isdigit():
+            return fail(f"--port {args.port}: --port takes the Horovod script to port; the rendezvous port is "
+                        "--rdzv-port")
+        try:
+            if scripts.backend_of(Path(args.port)) != "horovod":
+                return fail(f"--port {args.port}: it does not import horovod; --port takes a Horovod script")
+            ported = port.port(Path(args.port), args.out / "port.json")
+        except ValueError as exc:
+            return fail(str(exc))
+        print(f"{PROG}: ported {args.port} to {ported.output} ({len(ported.rewrites)} rewrites"
+              + (f", {len(ported.unported)} lines left unported" if ported.unported else "") + ")", flush=True)
+        args.scripts = [args.port, ported.output]
     if args.horovod_api and not args.scripts:
         return fail("--horovod-api runs a Horovod script on the API and on Horovod: give it with --scripts "
                     "TRAIN_HOROVOD.py")
@@ -206,7 +226,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ValueError as exc:
             return fail(str(exc))
         if isinstance(site, Hosts) and not site.slurm:
-            findings = preflight(site, world_sizes, args.port)
+            findings = preflight(site, world_sizes, args.rdzv_port)
             if findings:
                 for line in findings:
                     print(f"{PROG}: {line}", file=sys.stderr)
@@ -243,7 +263,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             return fail("runs are not comparable: " + "; ".join(reasons) + " (use --force to compare anyway)")
         notes.append("Compared with --force although: " + "; ".join(reasons) + ".")
     unknown = measure_missing_floors(runs, args)
-    found = report.build(runs, failures, args.out, args.tolerance, notes, bench, unknown, args.floor_margin)
+    found = report.build(runs, failures, args.out, args.tolerance, notes, bench, unknown, args.floor_margin,
+                         extra=[port.section(ported)] if ported else [],
+                         relate=(lambda pairs: port.link(ported, pairs)) if ported else None)
     print(f"{PROG}: report {(args.out / report.REPORT_MD).resolve()} (and {report.REPORT_HTML} beside it)")
     for p in found.pairs:
         if p.kind != "repeat":

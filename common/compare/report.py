@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from common.config import is_exact
 from common.rundir.names import SUMMARY_FILE
@@ -55,9 +55,11 @@ class Comparison:
 
 def analyse(runs: List[Run], failures: List[Dict[str, Any]], tolerance: float, notes: Sequence[str],
             bench: Optional[Dict[str, Any]] = None, unknown_floors: Optional[Dict[int, str]] = None,
-            margin: float = analysis.FLOOR_MARGIN) -> Comparison:
+            margin: float = analysis.FLOOR_MARGIN,
+            relate: Optional[Callable[[List[ParityResult]], None]] = None) -> Comparison:
     """Judge every pair, explain what differs, and measure speed and scaling. `unknown_floors` says why a world
-    size has no noise floor; `margin` is how many floors a gap may be and be within it."""
+    size has no noise floor; `margin` is how many floors a gap may be and be within it; `relate` adds to the pairs'
+    verdicts what explains their causes (the port's rewrites), before the summary is made."""
     floors = floor.floors(runs)
     judged = {**{world: {"unknown": why} for world, why in (unknown_floors or {}).items()}, **floors}
     irreproducible = reproducible.check(runs)
@@ -70,6 +72,8 @@ def analyse(runs: List[Run], failures: List[Dict[str, Any]], tolerance: float, n
         p.cause = causes.explain(by_name[p.a], by_name[p.b], parts)
         if p.cause:
             p.verdict += f"; cause: {p.cause.text} (see {p.cause.guide})"
+    if relate is not None:
+        relate(pairs)
     throughput = analysis.throughput_table(runs)
     scaling = analysis.scaling_table(throughput)
     split = analysis.time_split_table(runs)
@@ -85,12 +89,13 @@ def analyse(runs: List[Run], failures: List[Dict[str, Any]], tolerance: float, n
 
 def build(runs: List[Run], failures: List[Dict[str, Any]], out: Path, tolerance: float, notes: Sequence[str],
           bench: Optional[Dict[str, Any]] = None, unknown_floors: Optional[Dict[int, str]] = None,
-          margin: float = analysis.FLOOR_MARGIN, extra: Sequence[Section] = ()) -> Comparison:
+          margin: float = analysis.FLOOR_MARGIN, extra: Sequence[Section] = (),
+          relate: Optional[Callable[[List[ParityResult]], None]] = None) -> Comparison:
     """Analyse `runs`, draw the figures into `out`, write summary.json, report.md and report.html; return the
     comparison. `bench` (from benchmarks.load) adds the benchmark section; `extra` sections follow the
-    verdicts."""
+    verdicts; `relate` as for `analyse`."""
     out.mkdir(parents=True, exist_ok=True)
-    found = analyse(runs, failures, tolerance, notes, bench, unknown_floors, margin)
+    found = analyse(runs, failures, tolerance, notes, bench, unknown_floors, margin, relate)
     found.extra = list(extra)
     found.figures = {
         "curves": plots.curves(runs, out, found.floors, found.pairs),

@@ -114,6 +114,8 @@ class ParityResult:
     cannot_judge: Optional[str] = None
     verdict: str = ""
     cause: Optional[Cause] = None
+    #: what explains the cause, where something does (the port's rewrite at a line, with `compare-backends --port`)
+    explained_by: Optional[str] = None
 
     @property
     def judged(self) -> bool:

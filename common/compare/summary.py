@@ -75,7 +75,8 @@ def _why_apart(pair: ParityResult) -> str:
     """The shortest true reason a pair trains differently: the cause a script comparison found, a setting that
     differs, the initial weights, or how far beyond rounding the gap went."""
     if pair.cause is not None:
-        return pair.cause.text.split(":")[0] if len(pair.cause.text) > 120 else pair.cause.text
+        text = pair.cause.text.split(":")[0] if len(pair.cause.text) > 120 else pair.cause.text
+        return text + (f" ({pair.explained_by})" if pair.explained_by else "")
     if pair.start_gap:
         return f"initial weights {pair.start_gap:.1e} apart"
     lr, setting = pair.lr_difference, pair.setting_difference
