@@ -24,7 +24,8 @@ so that a collective some ranks never join fails with its stall error rather tha
 The examples (unless --no-examples), with their checkout's scripts unchanged: pytorch_mnist.py on small MNIST files
 written here, real Horovod (horovodrun --gloo) against the API at each world size, compared by their final weights
 (a helper runs the script and saves the weights of the model its DistributedOptimizer trains);
-pytorch_synthetic_benchmark.py and pytorch_imagenet_resnet50.py (on a small ImageFolder written here) on the API.
+pytorch_synthetic_benchmark.py, pytorch_imagenet_resnet50.py (on a small ImageFolder written here) and
+examples/elastic/pytorch/pytorch_mnist_elastic.py (under torchrun --max-restarts 1) on the API.
 
 Writes DIR/horovod_suite.json.
 """
@@ -227,7 +228,7 @@ class Suite:
                                            [rank_outcome(events.get(culprit, {}).get(r, [])) for r in range(self.np)],
                                            "stopped: no progress" if hung else "the launch ended inside this test",
                                            time.monotonic() - started if one_per_test else None)
-                remaining = unfinished[unfinished.index(culprit) + 1:]
+                remaining = remaining[remaining.index(culprit) + 1:]
             else:
                 remaining = remaining[len(batch):]
             print(f"horovod_suite: {self.label} at {self.np}: {len(results)}/{len(self.tests)} tests", flush=True)
@@ -249,15 +250,16 @@ SAVER_SOURCE = textwrap.dedent('''
     import horovod.torch as hvd
 
     script, out = sys.argv[1], sys.argv[2]
-    wrapped = []
+    wrapped, ranks = [], []
     make = hvd.DistributedOptimizer
 
     def capture(optimizer, *args, **kwargs):
         wrapped.append(make(optimizer, *args, **kwargs))
+        ranks.append(hvd.rank())
         return wrapped[-1]
 
-    def save():
-        if wrapped and hvd.rank() == 0:
+    def save():  # at exit, possibly after Horovod shut down: the rank was noted while it ran
+        if wrapped and ranks[-1] == 0:
             torch.save([p.detach().clone() for g in wrapped[-1].param_groups for p in g["params"]], out)
 
     hvd.DistributedOptimizer = capture
@@ -303,8 +305,10 @@ def script_command(label: str, np: int, script: Path, args: Sequence[str]) -> Li
     return cmd[:at] + [str(script)] + cmd[at + 2:]
 
 
-def run_example(cmd: List[str], cwd: Path, log: Path, timeout_s: float) -> Dict:
-    result = launch.run(cmd, timeout=timeout_s, env=job_env({"OMP_NUM_THREADS": "1"}), cwd=cwd, log=log)
+def run_example(cmd: List[str], cwd: Path, log: Path, timeout_s: float,
+                env: Optional[Dict[str, Optional[str]]] = None) -> Dict:
+    result = launch.run(cmd, timeout=timeout_s, env=job_env({"OMP_NUM_THREADS": "1", **(env or {})}), cwd=cwd,
+                        log=log)
     return {"command": " ".join(cmd), "returncode": result.returncode, "timed_out": result.timed_out,
             "seconds": round(result.seconds, 1), "tail": "" if result.returncode == 0 else result.output[-1500:]}
 
@@ -332,19 +336,29 @@ def examples(checkout: Path, sizes: Sequence[int], work: Path, timeout_s: float)
     out: Dict = {"pytorch_mnist": {}}
     mnist_args = ["--epochs", "1", "--batch-size", "32", "--data-dir", str(data), "--no-cuda"]
     for ranks in sizes:
-        saved = {}
-        for label in ("horovod-gloo", "api"):
-            weights = work / f"mnist-{label}-{ranks}.pt"
-            cmd = script_command(label, ranks, saver, [str(scripts / "pytorch_mnist.py"), str(weights), *mnist_args])
-            out["pytorch_mnist"].setdefault(str(ranks), {})[label] = run_example(
-                cmd, work, work / "logs" / f"mnist-{label}-{ranks}.log", timeout_s)
-            saved[label] = weights
-        out["pytorch_mnist"][str(ranks)]["weights"] = compare_weights(saved["horovod-gloo"], saved["api"])
+        # Horovod's fusion groups a sum by timing; with HOROVOD_FUSION_THRESHOLD=0 it reduces each tensor alone.
+        for fusion, env in (("", {}), ("-fusion-off", {"HOROVOD_FUSION_THRESHOLD": "0"})):
+            if fusion and ranks < 3:
+                continue  # at 2 ranks the grouping changes no bit
+            key = f"{ranks}{fusion}"
+            saved = {}
+            for label in ("horovod-gloo", "api"):
+                weights = work / f"mnist-{label}-{key}.pt"
+                cmd = script_command(label, ranks, saver, [str(scripts / "pytorch_mnist.py"), str(weights),
+                                                           *mnist_args])
+                out["pytorch_mnist"].setdefault(key, {"env": env})[label] = run_example(
+                    cmd, work, work / "logs" / f"mnist-{label}-{key}.log", timeout_s, env)
+                saved[label] = weights
+            out["pytorch_mnist"][key]["weights"] = compare_weights(saved["horovod-gloo"], saved["api"])
     synthetic = ["--model", "resnet18", "--batch-size", "8", "--no-cuda", "--num-warmup-batches", "1",
                  "--num-batches-per-iter", "1", "--num-iters", "2"]
     out["pytorch_synthetic_benchmark"] = run_example(
         script_command("api", 2, scripts / "pytorch_synthetic_benchmark.py", synthetic), work,
         work / "logs" / "synthetic.log", timeout_s)
+    elastic = script_command("api", 2, checkout / "examples" / "elastic" / "pytorch" / "pytorch_mnist_elastic.py",
+                             ["--epochs", "1", "--batch-size", "32", "--data-dir", str(data), "--no-cuda"])
+    out["pytorch_mnist_elastic"] = run_example(elastic[:1] + ["--max-restarts=1"] + elastic[1:], work,
+                                               work / "logs" / "mnist_elastic.log", timeout_s)
     images = work / "imagefolder"
     write_imagefolder(images, classes=2, per_class=4)
     imagenet = ["--train-dir", str(images / "train"), "--val-dir", str(images / "val"), "--epochs", "1",
@@ -385,7 +399,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--hang-grace", type=float, default=60.0, help="more seconds without progress before a launch "
                                                                   "is stopped as hung")
     p.add_argument("--api-stall-s", type=float, default=20.0, help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS of the API")
+    p.add_argument("--select", default="", help="only the tests whose names contain this text")
     p.add_argument("--no-examples", action="store_true", help="skip the example scripts")
+    p.add_argument("--no-suite", action="store_true", help="only the example scripts (the suite's results are kept "
+                                                         "from the JSON already in --out)")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "horovod_suite",
                    help="reports, logs and data (not kept)")
     add_out(p, "where horovod_suite.json goes")
@@ -403,10 +420,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"benchmarks.horovod_suite: error: {problem}", file=sys.stderr)
         return 2
     record = Record("horovod_suite", argv)
+    if args.no_suite:
+        kept = args.out / "horovod_suite.json"
+        if not kept.is_file():
+            print(f"benchmarks.horovod_suite: error: --no-suite keeps the suite's results of {kept}: none there; run "
+                  "the suite first", file=sys.stderr)
+            return 2
+        report = json.loads(kept.read_text())
+        report["examples"] = examples(args.horovod, args.np, args.work / "examples", timeout_s=900)
+        report["examples_measured"] = {key: value for key, value in record.header().items()
+                                       if key in ("started", "command", "load_before", "load_after", "under_load")}
+        return publish(report, kept, table(report))
     plugin_dir = args.work / "plugin"
     plugin_dir.mkdir(parents=True, exist_ok=True)
     (plugin_dir / f"{PLUGIN}.py").write_text(PLUGIN_SOURCE)
-    tests = suite_tests(test_file)
+    tests = [test for test in suite_tests(test_file) if args.select in test]
     runs: List[Dict] = []
     per_test: Dict[str, Dict] = {test: {} for test in tests}
     for ranks in args.np:

@@ -19,7 +19,8 @@ The modules, each owning one thing:
     settings        the Horovod environment variables honoured
     handles         handles, poll, synchronize
     ops             the collectives (allreduce ... barrier) and their gradients
-    process_sets    ProcessSet and the sets that exist; sets: adding and removing them
+    process_sets    ProcessSet and the sets that exist
+    sets            adding and removing process sets (a collective)
     objects         broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
     optimizer       DistributedOptimizer
     compression     Compression.none / fp16

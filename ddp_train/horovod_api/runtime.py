@@ -13,7 +13,6 @@ import atexit
 import datetime
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -158,7 +157,10 @@ def _timeline_event(name: str, phase: str, start: bool) -> None:
 
 
 def _build_world() -> World:
-    settings = Settings.from_environment()
+    try:
+        settings = Settings.from_environment()
+    except ValueError as exc:  # a Horovod variable that is not a number: bad input, on every rank
+        fail_usage(PROG, str(exc))
     _join_job(settings)
     rank, size = dist.get_rank(), dist.get_world_size()
     everyone = _communicator(list(range(size)), rank, settings)
@@ -343,6 +345,3 @@ def is_homogeneous() -> bool:
     """Whether every host runs the same number of processes."""
     return topology().homogeneous
 
-
-def _warn(message: str) -> None:
-    sys.stderr.write(f"{PROG}: {message}\n")
