@@ -212,7 +212,7 @@ def from_markdown(lines: Sequence[str]) -> List[Section]:
             blocks.append(Table(cells[0], [row for row in cells[2:]]))
             table_lines.clear()
 
-    for line in list(lines) + ["## "]:
+    for line in "\n".join(lines).splitlines() + ["## "]:
         if line.startswith("|"):
             table_lines.append(line)
             continue
