@@ -216,19 +216,23 @@ class SlurmCluster:
                                    f"{'; stopped: ' + ', '.join(dead) if dead else ''}):\n{logs}")
             time.sleep(0.5)
 
-    def step_daemons(self, job: str) -> List[str]:
+    def step_daemons(self, job: str, within: float = 0) -> List[str]:
         """The slurmstepd processes of job `job` still running on the hosts ("slurmstepd: [12.batch]", one per
-        step and node)."""
-        found = []
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                try:
-                    title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-                except OSError:
-                    continue
-                if title.startswith(f"slurmstepd: [{job}."):
-                    found.append(title)
-        return found
+        step and node), once none is left or `within` seconds have passed."""
+        deadline = time.monotonic() + within
+        while True:
+            found = []
+            for proc in Path("/proc").iterdir():
+                if proc.name.isdigit():
+                    try:
+                        title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                    except OSError:
+                        continue
+                    if title.startswith(f"slurmstepd: [{job}."):
+                        found.append(title)
+            if not found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.2)
 
     # --- running Slurm's commands ------------------------------------------------------------------
     def run(self, cmd: List[str], timeout: float = 240, env: Optional[Dict[str, str]] = None,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Sequence
 
 import pytest
@@ -96,9 +96,10 @@ def test_scancel_ends_every_rank_on_both_nodes_and_leaves_nothing(slurm, tmp_pat
         printed = job.output.read_text()
         assert f"JOB {job.number} ON node0 CANCELLED" in printed, printed[-3000:]
         assert_nothing_left(str(job.run_dir))
-        assert not slurm.step_daemons(job.number), f"{template}: a slurmstepd of the cancelled job is left"
+        assert not slurm.step_daemons(job.number, within=10), f"{template}: a slurmstepd of the cancelled job is left"
     # An srun task gets that SIGTERM alone and stops as after Ctrl-C: the ranks agree and write a checkpoint.
-    # (torchrun's workers get a second one, torchrun's own, which ends them at once: docs/multinode-and-slurm.md.)
+    # (torchrun's workers also get torchrun's own, which ends them at once if it comes before they stopped:
+    # docs/multinode-and-slurm.md.)
     srun = jobs["ddp_srun.sbatch"]
     stopped = re.search(r"stopped by SIGTERM at step (\d+); checkpoint written", srun.output.read_text())
     assert stopped, srun.output.read_text()[-3000:]
