@@ -10,7 +10,7 @@ from typing import Dict, List, Optional
 
 from common.launch import stopped_exit, terminating_like_ctrl_c
 from common.launch.hosts import DEFAULT_PORT
-from common.rundir.reader import check_comparable, number_repeats, read_run
+from common.rundir.reader import Run, check_comparable, number_repeats, read_run
 from . import arguments, benchmarks, port, report, scripts
 from . import floor
 from ..config import given_options, is_exact, positive_float, positive_int
@@ -117,7 +117,7 @@ def preflight(site: Hosts, world_sizes: List[int], port: int) -> List[str]:
     return [check.line().replace("\n", " ").replace("      fix:", " fix:") for check in checks if check.ok is False]
 
 
-def measure_missing_floors(runs: List, args: argparse.Namespace) -> Dict[int, str]:
+def measure_missing_floors(runs: List[Run], args: argparse.Namespace) -> Dict[int, str]:
     """Make the noise floor where runs differ and none was measured (given --runs: by rerunning one of them
     here with the disturbance; the new run joins `runs`); world size -> why the floor stays unknown."""
     unknown: Dict[int, str] = {}
@@ -129,6 +129,9 @@ def measure_missing_floors(runs: List, args: argparse.Namespace) -> Dict[int, st
             unknown[world] = f"no disturbed run was made at world size {world}"
         else:
             source = floor.to_disturb(runs, world)
+            if source is None:
+                unknown[world] = f"no undisturbed run at world size {world} to disturb"
+                continue
             print(f"{PROG}: no disturbed run at world size {world} among --runs; rerunning {source.name}'s settings "
                   f"here with --perturb-ulp 1, {args.floor_runs} disturbance{'s' if args.floor_runs > 1 else ''}",
                   flush=True)
@@ -233,7 +236,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return fail("the launch doctor found what would make the runs fail or hang (above); nothing was "
                             "launched")
         print(f"{PROG}: {len(planned)} runs into {args.out.resolve()}", flush=True)
-        runner = MatrixRunner(program if args.scripts else Training(tuple(train_args)), args.out, timeout_s=args.run_timeout,
+        runner = MatrixRunner(program if args.scripts else Training(tuple(train_args)), args.out,
+                              timeout_s=args.run_timeout,
                               echo=lambda line: print(line, flush=True), site=site)
         try:
             with terminating_like_ctrl_c():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from itertools import combinations
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from common.rundir.reader import Run, RunId
 from . import branches, gaps, reproducible, stats, trajectory
@@ -45,11 +45,13 @@ def weight_difference(a: Run, b: Run) -> float:
     return worst
 
 
-def outcome(a: Run, b: Run, floor: Optional[Dict]) -> Dict:
+def outcome(a: Run, b: Run, floor: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """The two runs' final metrics beside the range of the floor's runs, and the runs whose accuracy ends beyond
     rounding's reach: further outside that range than the range is wide, and by more than one validation sample.
     A few disturbed runs sample rounding's outcomes; a run just outside their range is one more sample."""
-    found = {"metrics": {m: [a.summary.get(m), b.summary.get(m)] for m in OUTCOME}, "range": None, "outside": []}
+    outside: List[Dict[str, Any]] = []
+    found: Dict[str, Any] = {"metrics": {m: [a.summary.get(m), b.summary.get(m)] for m in OUTCOME}, "range": None,
+                             "outside": outside}
     ranges = (floor or {}).get("outcome")
     if not ranges:
         return found
@@ -63,8 +65,8 @@ def outcome(a: Run, b: Run, floor: Optional[Dict]) -> Dict:
             one_sample = 1.0 / max((run.config.get("dataset") or {}).get("val_samples") or 1, 1)
             slack = max(hi - lo, one_sample)
             if value < lo - slack or value > hi + slack:
-                found["outside"].append({"run": run.name, "metric": metric, "value": value, "range": bounds,
-                                         "by": value - lo if value < lo else value - hi})
+                outside.append({"run": run.name, "metric": metric, "value": value, "range": bounds,
+                                "by": value - lo if value < lo else value - hi})
     return found
 
 
@@ -187,13 +189,14 @@ def _verdict(p: ParityResult, tolerance: float, tensor: Optional[str], floor: Op
                 f"{p.floor_runs} disturbed run{'s' if p.floor_runs != 1 else ''}; parameters end {p.gap:.2g} "
                 f"apart (‖Δ‖/‖w‖{where}), rounding alone up to {p.noise_floor:.2g}{_outcome_text(p.outcome)}")
     step = p.first_differing_step
-    why = (floor or {}).get("unknown") or f"no disturbed run at world size {p.world_size}"
+    unknown = str((floor or {}).get("unknown") or f"no disturbed run at world size {p.world_size}")
     return (f"differs: parameters by {p.gap:.2g} (‖Δ‖/‖w‖{where}), final max |Δw| {p.max_abs_weight_diff:.3g}"
             f"{f', first differing step {step}' if step is not None else ''}"
-            f"{''.join('; ' + text for text in (lr_text, setting_text) if text)}; noise floor unknown ({why})")
+            f"{''.join('; ' + text for text in (lr_text, setting_text) if text)}; noise floor unknown ({unknown})")
 
 
-def parity_table(runs: List[Run], tolerance: float = DEFAULT_TOLERANCE, floors: Optional[Dict[int, Dict]] = None,
+def parity_table(runs: List[Run], tolerance: float = DEFAULT_TOLERANCE,
+                 floors: Optional[Dict[int, Dict[str, Any]]] = None,
                  margin: float = FLOOR_MARGIN, irreproducible: Optional[Dict[int, Irreproducible]] = None,
                  ) -> List[ParityResult]:
     """Parity of every pair of first runs at each world size: of two backends (kind "backends"), or of one
@@ -223,10 +226,10 @@ def hosts_of(run: Run) -> List[str]:
     return sorted(set(run.config.get("rank_hosts") or run.config.get("hosts") or []))
 
 
-def throughput_table(runs: List[Run]) -> Dict[str, Dict]:
+def throughput_table(runs: List[Run]) -> Dict[str, Dict[str, Any]]:
     """samples/s per backend@world: median, min, max over repeats, and the hosts the ranks ran on."""
     groups: Dict[str, List[float]] = {}
-    hosts: Dict[str, set] = {}
+    hosts: Dict[str, Set[str]] = {}
     for run in runs:
         if run.summary.get("samples_per_s"):
             groups.setdefault(run.key, []).append(float(run.summary["samples_per_s"]))
@@ -264,10 +267,11 @@ def conditions_text(found: Optional[Dict[str, int]]) -> str:
     if found is None:
         return ""
     return (f"{found['ranks']} rank{'s' if found['ranks'] != 1 else ''} x {found['threads']} "
-            f"thread{'s' if found['threads'] != 1 else ''} on {found['cores']} core{'s' if found['cores'] != 1 else ''}")
+            f"thread{'s' if found['threads'] != 1 else ''} on {found['cores']} "
+            f"core{'s' if found['cores'] != 1 else ''}")
 
 
-def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
+def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
     """At each world size, which backend is faster, by how much, and whether that exceeds the
     spread across repeats (the ranges of the two do not overlap). Runs that had more busy threads than their host
     has cores measured the contention for cores, not the backends: said so, and never called significant."""
@@ -302,19 +306,20 @@ def speed_verdicts(runs: List[Run], throughput: Dict[str, Dict]) -> List[Dict]:
                 "ratio": ratio, "percent": 100 * (ratio - 1), "significant": significant,
                 "hosts": sorted(set(f["hosts"]) | set(s["hosts"])), "conditions": busiest,
                 "contended": contended(busiest),
-                "verdict": f"{RunId.parse(fast).label} is {100 * (ratio - 1):.1f}% faster than {RunId.parse(slow).label} "
+                "verdict": f"{RunId.parse(fast).label} is {100 * (ratio - 1):.1f}% faster than "
+                           f"{RunId.parse(slow).label} "
                            f"at world size {world} {where}{shown} ({f['median']:.0f} vs {s['median']:.0f} "
                            f"samples/s); difference {noise}",
             })
     return out
 
 
-def scaling_table(throughput: Dict[str, Dict]) -> Dict[str, Dict[int, float]]:
+def scaling_table(throughput: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[int, float]]:
     """Scaling efficiency throughput(N) / (N x throughput(1)) per backend (common.compare.stats)."""
     return stats.scaling_efficiency(throughput)
 
 
-def time_split_table(runs: List[Run]) -> List[Dict]:
+def time_split_table(runs: List[Run]) -> List[Dict[str, Any]]:
     """Per run: mean ms per step spent on data, compute and exposed communication."""
     rows = []
     for run in runs:
@@ -324,7 +329,7 @@ def time_split_table(runs: List[Run]) -> List[Dict]:
     return rows
 
 
-def accuracy_table(runs: List[Run]) -> List[Dict]:
+def accuracy_table(runs: List[Run]) -> List[Dict[str, Any]]:
     """Final training and validation metrics of every run."""
     return [{"run": run.name, **{k: run.summary.get(k) for k in
                                  ("steps", "epochs", "train_loss", "val_loss", "val_top1", "val_top5", "wall_s")}}

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 
-def csv_list(kind: Callable = str, choices: Optional[Sequence] = None,
-             minimum: Optional[int] = None) -> Callable[[str], List]:
+def csv_list(kind: Callable[[str], Any] = str, choices: Optional[Sequence[Any]] = None,
+             minimum: Optional[int] = None) -> Callable[[str], List[Any]]:
     """An argparse `type` for comma-separated values: "1,2,4" -> [1, 2, 4]. It refuses an empty list,
     values that are not of `kind`, values outside `choices` and numbers below `minimum`, each with a
     message that names the problem."""
     what = "integers" if kind is int else "numbers" if kind is float else "values"
 
-    def parse(text: str) -> List:
+    def parse(text: str) -> List[Any]:
         try:
             items = [kind(x.strip()) for x in text.split(",") if x.strip()]
         except ValueError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import tables
 from .conditions import conditions
@@ -14,11 +14,11 @@ from .conditions import conditions
 FILES = {"allreduce": "allreduce.json", "throughput": "throughput.json"}
 
 
-def load(directory: Path, out: Path) -> Optional[Dict]:
+def load(directory: Path, out: Path) -> Optional[Dict[str, Any]]:
     """The benchmark results found in `directory` (None when there are none), with their figures
     copied into `out` as bench_<name>.png so that report.md can show them. A file that is not a benchmark result
     raises ValueError naming it."""
-    found: Dict = {}
+    found: Dict[str, Any] = {}
     for kind, name in FILES.items():
         path = Path(directory) / name
         if not path.is_file():
@@ -41,19 +41,19 @@ def load(directory: Path, out: Path) -> Optional[Dict]:
     return found or None
 
 
-def series_name(series: Dict) -> str:
+def series_name(series: Dict[str, Any]) -> str:
     """An allreduce series as a column: "horovod-mpi x2", with the Open MPI algorithm when one was chosen."""
     algorithm = f" {series['mpi_algorithm']}" if series.get("mpi_algorithm") else ""
     return f"{series['name']}{algorithm} x{series['world_size']}"
 
 
-def loop_ratios(case: Dict) -> tuple:
+def loop_ratios(case: Dict[str, Any]) -> Tuple[Any, ...]:
     """({N: loop / seed-style bare}, {N: loop / bare on the batched data path}) of a throughput case;
     results written before the batched bare loop existed have only the first."""
     return case.get("loop_ratio") or {}, case.get("loop_ratio_batched") or {}
 
 
-def _where(data: Dict) -> str:
+def _where(data: Dict[str, Any]) -> str:
     m = data.get("machine") or {}
     gpus = ", ".join(m.get("gpus") or []) or "no GPU"
     text = (f"Measured on {m.get('cpu_model')}, {m.get('cores')} cores, {gpus}, torch "
@@ -64,7 +64,7 @@ def _where(data: Dict) -> str:
     return text + f". Command: `{data.get('command')}`."
 
 
-def markdown(bench: Optional[Dict]) -> List[str]:
+def markdown(bench: Optional[Dict[str, Any]]) -> List[str]:
     """Lines of the report's "Benchmarks" section (empty when nothing was measured)."""
     if not bench:
         return []
@@ -123,11 +123,11 @@ def markdown(bench: Optional[Dict]) -> List[str]:
     return md
 
 
-def summary(bench: Optional[Dict]) -> Optional[Dict]:
+def summary(bench: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     """What the report's summary.json keeps of the benchmarks: the tables, not every run."""
     if not bench:
         return None
-    out: Dict = {}
+    out: Dict[str, Any] = {}
     if "allreduce" in bench:
         ar = bench["allreduce"]
         out["allreduce"] = {"source": ar["source"], "under_load": ar.get("under_load"), "memcpy": ar["memcpy"],

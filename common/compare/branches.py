@@ -13,7 +13,7 @@ first differing step has no branch to be judged from: the band is what it is jud
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from .results import Departure
 from .trajectory import EPS32, QUANTITIES, band, band_at, first_differing
@@ -36,7 +36,7 @@ def _from_onset(series: Dict[int, float], margin: float) -> Dict[int, float]:
     return {} if start is None else {step - start: gap for step, gap in series.items() if step >= start}
 
 
-def judged_band(gaps: Dict[str, Dict[int, float]], floor: Dict, margin: float) -> Dict[str, Dict]:
+def judged_band(gaps: Dict[str, Dict[int, float]], floor: Dict[str, Any], margin: float) -> Dict[str, Dict[str, Any]]:
     """Per quantity, what a pair's gaps (common.compare.trajectory.step_gaps) are judged against by a floor
     (common.compare.floor.measure): {"levels": {step: level}, "branch": the step the pair's branch starts or None,
     "from_branches": the steps whose level is the floor's branches, "needed": whether the gap at one of those is
@@ -45,7 +45,7 @@ def judged_band(gaps: Dict[str, Dict[int, float]], floor: Dict, margin: float) -
     started. The levels are a band series: common.compare.trajectory.departure and largest_ratio take them."""
     branches = of_floor([p["steps"] for p in floor["pairs"]], margin)
     first = first_differing(gaps)
-    out: Dict[str, Dict] = {}
+    out: Dict[str, Dict[str, Any]] = {}
     for q in QUANTITIES:
         start = onset(gaps[q], margin)
         if start is None or first is None or start <= first or not branches[q]:
@@ -64,19 +64,19 @@ def judged_band(gaps: Dict[str, Dict[int, float]], floor: Dict, margin: float) -
     return out
 
 
-def levels(judged: Dict[str, Dict]) -> Dict[str, Dict[int, float]]:
+def levels(judged: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[int, float]]:
     """The band series of a `judged_band`: per quantity, the level at every step."""
     return {q: j["levels"] for q, j in judged.items()}
 
 
-def branch_levels(judged: Dict[str, Dict]) -> Dict[str, Dict[int, float]]:
+def branch_levels(judged: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[int, float]]:
     """The part of a `judged_band` that the floor's branches set: per quantity that has any, the level at each step
     where they, not the band, are what the pair is judged against."""
     return {q: {step: j["levels"][step] for step in sorted(j["from_branches"])} for q, j in judged.items()
             if j["from_branches"]}
 
 
-def branch_of(departure: Optional[Departure], judged: Dict[str, Dict]) -> Optional[int]:
+def branch_of(departure: Optional[Departure], judged: Dict[str, Dict[str, Any]]) -> Optional[int]:
     """The step the pair's branch started, when a departure was judged against the floor's branches (else None)."""
     if departure is None:
         return None

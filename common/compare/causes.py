@@ -12,7 +12,9 @@ likely mistake and the section of the migration guide that covers it.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from common.rundir.reader import Run
 
 from .results import Cause
 from .trajectory import relative
@@ -36,31 +38,32 @@ GRADIENT_TOLERANCE = 1e-4
 RATIO_TOLERANCE = 0.01
 
 
-def is_script_run(run) -> bool:
+def is_script_run(run: Run) -> bool:
     """A run directory the probe wrote of a user's script."""
     return bool((run.config.get("backend") or {}).get("script"))
 
 
-def _events(run, kind: str) -> List[Dict]:
+def _events(run: Run, kind: str) -> List[Dict[str, Any]]:
     return [e for e in run.events if e["event"] == kind]
 
 
-def _steps(run) -> Dict[int, Dict]:
+def _steps(run: Run) -> Dict[int, Dict[str, Any]]:
     return {e["step"]: e for e in _events(run, "step")}
 
 
-def _largest_gap(x: List[Optional[float]], y: List[Optional[float]]) -> float:
-    gaps = [relative(a, b) for a, b in zip(x or [], y or []) if a is not None and b is not None]
-    if len(x or []) != len(y or []):
+def _largest_gap(x: Optional[Sequence[Optional[float]]], y: Optional[Sequence[Optional[float]]]) -> float:
+    """The largest relative gap of two fingerprints, tensor by tensor (inf when they have other lengths)."""
+    x, y = x or [], y or []
+    if len(x) != len(y):
         return float("inf")
-    return max(gaps, default=0.0)
+    return max((relative(a, b) for a, b in zip(x, y, strict=True) if a is not None and b is not None), default=0.0)
 
 
 def _cause(step: Optional[int], quantity: str, text: str, section: str, **numbers: Any) -> Cause:
     return Cause(step, quantity, text, f"{GUIDE}{SECTIONS[section]}", numbers)
 
 
-def _ranks_apart(a, b) -> Optional[Cause]:
+def _ranks_apart(a: Run, b: Run) -> Optional[Cause]:
     """The ranks of one run starting from different weights."""
     for run in (a, b):
         start = (_events(run, "start") or [{}])[0]
@@ -75,7 +78,7 @@ def _ranks_apart(a, b) -> Optional[Cause]:
     return None
 
 
-def _built_apart(a, b) -> Optional[Cause]:
+def _built_apart(a: Run, b: Run) -> Optional[Cause]:
     """The two runs starting from different weights (rank 0's)."""
     start_a, start_b = ((_events(r, "start") or [{}])[0].get("wnorm") for r in (a, b))
     gap = _largest_gap(start_a, start_b)
@@ -85,14 +88,14 @@ def _built_apart(a, b) -> Optional[Cause]:
     return None
 
 
-def _effective_state(summary: Dict) -> Dict:
+def _effective_state(summary: Dict[str, Any]) -> Dict[str, Any]:
     """What of an optimizer's state can change a step: its step counts (Adam's bias correction) and its momentum
     buffers, a missing buffer counting as zeros (SGD's first step makes the same buffer from either)."""
     momentum = [n or 0.0 for n in summary.get("momentum_norms") or []]
     return {"steps": summary.get("steps") or [], "momentum": momentum if any(momentum) else []}
 
 
-def _stepless(a, b, before: int) -> Optional[Cause]:
+def _stepless(a: Run, b: Run, before: int) -> Optional[Cause]:
     """An optimizer step without a backward before training in one script and not the other, when it mattered:
     it moved the weights, or its state changes the first real step."""
     counts = {run.name: [e for e in _events(run, "stepless") if e.get("before_step", 1) <= before] for run in (a, b)}
@@ -115,9 +118,9 @@ def _stepless(a, b, before: int) -> Optional[Cause]:
                   "zero-step", run=run.name, weights_moved=moved, weight_decay=decay)
 
 
-def _inputs(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
+def _inputs(a: Run, b: Run, step: int, sa: Dict[str, Any], sb: Dict[str, Any]) -> Optional[Cause]:
     ranks_a, ranks_b = sa.get("ranks") or [], sb.get("ranks") or []
-    for rank, (x, y) in enumerate(zip(ranks_a, ranks_b)):
+    for rank, (x, y) in enumerate(zip(ranks_a, ranks_b, strict=False)):  # scripts may run on other numbers
         if x.get("inputs") == y.get("inputs"):
             continue
         shapes = [[i[0] if i else None for i in r.get("inputs") or []] for r in (x, y)]
@@ -135,19 +138,21 @@ def _inputs(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
     return None
 
 
-def _repeats_first_epoch(a, b, step: int, rank: int) -> Optional[str]:
+def _repeats_first_epoch(a: Run, b: Run, step: int, rank: int) -> Optional[str]:
     """The run whose batch at `step` is its batch at step 1 while the other's is not (an epoch repeated)."""
+    def batch(at: int, steps: Dict[int, Dict[str, Any]]) -> Any:
+        return ((steps.get(at) or {}).get("ranks") or [{}] * (rank + 1))[rank].get("inputs")
+
     for run, other in ((a, b), (b, a)):
         steps, theirs = _steps(run), _steps(other)
-        mine = lambda s, st: ((st.get(s) or {}).get("ranks") or [{}] * (rank + 1))[rank].get("inputs")  # noqa: E731
-        if step > 1 and mine(step, steps) == mine(1, steps) and mine(step, theirs) != mine(1, theirs):
+        if step > 1 and batch(step, steps) == batch(1, steps) and batch(step, theirs) != batch(1, theirs):
             return run.name
     return None
 
 
-def _settings(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
+def _settings(a: Run, b: Run, step: int, sa: Dict[str, Any], sb: Dict[str, Any]) -> Optional[Cause]:
     world = a.world_size
-    for index, (x, y) in enumerate(zip(sa.get("groups") or [], sb.get("groups") or [])):
+    for index, (x, y) in enumerate(zip(sa.get("groups") or [], sb.get("groups") or [], strict=False)):
         for key in sorted(set(x) & set(y)):
             u, v = x[key], y[key]
             numbers = all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in (u, v))
@@ -168,7 +173,7 @@ def _settings(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
     return None
 
 
-def _state(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
+def _state(a: Run, b: Run, step: int, sa: Dict[str, Any], sb: Dict[str, Any]) -> Optional[Cause]:
     x, y = (_effective_state(s.get("state") or {}) for s in (sa, sb))
     if x["steps"] == y["steps"] and _largest_gap(x["momentum"], y["momentum"]) <= GRADIENT_TOLERANCE:
         return None
@@ -178,11 +183,11 @@ def _state(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
                   "state")
 
 
-def gradient_precision(run) -> str:
+def gradient_precision(run: Run) -> str:
     """The precision a run's gradients were exchanged at: what the probe saw, or the loop's --compression."""
     recorded = run.config.get("gradient_precision")
     if recorded:
-        return recorded
+        return str(recorded)
     return "float16" if (run.settings or {}).get("compression") == "fp16" else "float32"
 
 
@@ -190,7 +195,7 @@ def gradient_precision(run) -> str:
 ROUNDING_BITS = {"float16": 10, "bfloat16": 7}
 
 
-def _rounding_reach(a, b) -> Optional[Tuple[str, float, List[str]]]:
+def _rounding_reach(a: Run, b: Run) -> Optional[Tuple[str, float, List[str]]]:
     """(the lower precision, the largest relative gap of a gradient's norm its rounding explains, the runs whose
     gradients are rounded at it) when either run's gradients are rounded below float32, else None: roundings
     grouped differently move each element by up to one unit, a tensor's norm by less."""
@@ -201,12 +206,12 @@ def _rounding_reach(a, b) -> Optional[Tuple[str, float, List[str]]]:
     return None
 
 
-def _gradients(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
+def _gradients(a: Run, b: Run, step: int, sa: Dict[str, Any], sb: Dict[str, Any]) -> Optional[Cause]:
     ga, gb = sa.get("gnorm") or [], sb.get("gnorm") or []
     gap = _largest_gap(ga, gb)
     if gap <= GRADIENT_TOLERANCE:
         return None
-    ratios = [x / y for x, y in zip(ga, gb) if x and y]
+    ratios = [x / y for x, y in zip(ga, gb, strict=False) if x and y]  # models of other sizes: their common tensors
     ratio = sorted(ratios)[len(ratios) // 2] if ratios else float("nan")
     world = a.world_size
     scaled = abs(ratio - 1) > RATIO_TOLERANCE  # a common factor of 1 is no scale
@@ -221,7 +226,7 @@ def _gradients(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
     reach = _rounding_reach(a, b)
     if reach is not None and gap <= reach[1]:
         precision, _, rounded = reach
-        how = (f"the compression is applied at another grouping (per backward pass or per accumulated step, before "
+        how = ("the compression is applied at another grouping (per backward pass or per accumulated step, before "
                "or after the division by the world size)" if len(rounded) == 2 else
                f"{rounded[0]} sends its gradients as {precision} and the other does not")
         return _cause(step, "gradients", f"the gradients differ at {precision}'s rounding from step {step} (up to "
@@ -231,7 +236,7 @@ def _gradients(a, b, step: int, sa: Dict, sb: Dict) -> Optional[Cause]:
                   "reduction", "gradients")
 
 
-def explain(a, b, parts_at: Optional[int]) -> Optional[Cause]:
+def explain(a: Run, b: Run, parts_at: Optional[int]) -> Optional[Cause]:
     """The cause of two script runs parting at step `parts_at` (None: they do not), or None."""
     if parts_at is None or not (is_script_run(a) and is_script_run(b)):
         return None

@@ -204,7 +204,9 @@ def from_markdown(lines: Sequence[str]) -> List[Section]:
     """Sections of blocks from markdown lines of the few kinds the report's parts write (## headings, tables, figure
     lines, bullets, paragraphs): the benchmark section, written as markdown by common.compare.benchmarks."""
     sections: List[Section] = []
-    title, blocks, table_lines = "", [], []  # type: ignore[var-annotated]
+    title = ""
+    blocks: List[Block] = []
+    table_lines: List[str] = []
 
     def flush_table() -> None:
         if table_lines:

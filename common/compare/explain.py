@@ -88,7 +88,7 @@ def explanations(pairs: List[ParityResult], runs: List[Run]) -> List[Dict[str, A
     return [e for e in found if e is not None]
 
 
-def world_size_verdicts(runs: List[Run]) -> List[Dict]:
+def world_size_verdicts(runs: List[Run]) -> List[Dict[str, Any]]:
     """--reduction exact: whether every world size (and backend) ended with the same weights, or the first
     world size that differs from the smallest."""
     exact = [r for r in runs if r.repeat == 0 and not is_variant(r) and is_exact(r.settings)]

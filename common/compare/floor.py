@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from common.rundir.reader import DISTURBED, Run, learned_settings
 from . import gaps, trajectory
@@ -49,7 +49,7 @@ def base_of(disturbed: Run, runs: List[Run]) -> Optional[Run]:
                 None)
 
 
-def _pair(base: Run, disturbed: Run) -> Dict:
+def _pair(base: Run, disturbed: Run) -> Dict[str, Any]:
     found = gaps.tensor_gaps(base, disturbed)
     steps = trajectory.step_gaps(base.step_states(), disturbed.step_states())
     return {"disturbed": disturbed.name, "ulp": disturbed.settings.get("perturb_ulp"),
@@ -64,11 +64,12 @@ def outcome_range(members: List[Run]) -> Dict[str, Optional[List[float]]]:
     out: Dict[str, Optional[List[float]]] = {}
     for metric in OUTCOME:
         values = [r.summary.get(metric) for r in members]
-        out[metric] = None if any(v is None for v in values) else [min(values), max(values)]
+        known = [float(v) for v in values if v is not None]
+        out[metric] = None if len(known) < len(values) else [min(known), max(known)]
     return out
 
 
-def measure(base: Run, disturbed: List[Run]) -> Dict:
+def measure(base: Run, disturbed: List[Run]) -> Dict[str, Any]:
     """The floor from a base and its disturbed runs: each pair's gaps, the band per step, the largest final
     parameter gap and the range of the outcomes."""
     pairs = [_pair(base, d) for d in disturbed]
@@ -80,15 +81,15 @@ def measure(base: Run, disturbed: List[Run]) -> Dict:
             "outcome": outcome_range([base, *disturbed])}
 
 
-def floors(runs: List[Run]) -> Dict[int, Dict]:
+def floors(runs: List[Run]) -> Dict[int, Dict[str, Any]]:
     """world size -> the noise floor measured there (DDP's when several backends were disturbed)."""
-    groups: Dict[tuple, List[Run]] = {}
+    groups: Dict[Tuple[int, str], List[Run]] = {}
     for run in runs:
         if is_disturbed(run):
             base = base_of(run, runs)
             if base is not None:
                 groups.setdefault((run.world_size, base.name), []).append(run)
-    out: Dict[int, Dict] = {}
+    out: Dict[int, Dict[str, Any]] = {}
     for (world, name), disturbed in sorted(groups.items(), key=lambda item: (item[0][0], not item[0][1].startswith(
             "ddp"), item[0][1])):
         if world not in out:

@@ -3,7 +3,7 @@ parameters and buffers apart; and the per-step loss gap relative to the loss."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -13,7 +13,7 @@ from common.rundir.reader import Run
 TOP = 3
 
 
-def _relative(a: torch.Tensor, b: torch.Tensor) -> Dict:
+def _relative(a: torch.Tensor, b: torch.Tensor) -> Dict[str, Any]:
     a, b = a.double(), b.double()
     delta = float((a - b).norm())
     size = max(float(a.norm()), float(b.norm()))
@@ -21,7 +21,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> Dict:
     return {"rel": rel, "abs": float((a - b).abs().max()) if a.numel() else 0.0}
 
 
-def _group(rows: List[Dict]) -> Optional[Dict]:
+def _group(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     if not rows:
         return None
     rows = sorted(rows, key=lambda r: -r["rel"])
@@ -29,14 +29,14 @@ def _group(rows: List[Dict]) -> Optional[Dict]:
             "largest": [r for r in rows[:TOP] if r["rel"] > 0]}
 
 
-def tensor_gaps(a: Run, b: Run) -> Optional[Dict]:
+def tensor_gaps(a: Run, b: Run) -> Optional[Dict[str, Any]]:
     """Per tensor ‖Δ‖/‖w‖ (and max |Δ|) of the final weights, grouped into parameters and buffers, each with
     its largest relative gap and the tensors that dominate; None when the two state dicts do not match."""
     wa, wb = a.weights(), b.weights()
     if wa.keys() != wb.keys() or any(wa[k].shape != wb[k].shape for k in wa):
         return None
     buffers = a.buffer_names() | b.buffer_names()
-    groups: Dict[str, List[Dict]] = {"parameters": [], "buffers": []}
+    groups: Dict[str, List[Dict[str, Any]]] = {"parameters": [], "buffers": []}
     for name in wa:
         if not wa[name].is_floating_point():  # counters such as num_batches_tracked
             continue
@@ -54,7 +54,7 @@ def relative_loss_gaps(a: Run, b: Run) -> Dict[int, float]:
     return out
 
 
-def headline(gaps: Optional[Dict]) -> float:
+def headline(gaps: Optional[Dict[str, Any]]) -> float:
     """The one number a verdict compares: the largest per-tensor relative gap of the parameters (of the
     buffers for a model without floating-point parameters; inf when the state dicts do not match)."""
     if gaps is None:
@@ -63,7 +63,7 @@ def headline(gaps: Optional[Dict]) -> float:
     return group["max_rel"] if group else 0.0
 
 
-def dominant(gaps: Optional[Dict]) -> Optional[str]:
+def dominant(gaps: Optional[Dict[str, Any]]) -> Optional[str]:
     """The parameter tensor with the largest relative gap."""
     group = (gaps or {}).get("parameters") or (gaps or {}).get("buffers")
     return group["largest"][0]["tensor"] if group and group["largest"] else None

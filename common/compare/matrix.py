@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from common.rundir.names import LAUNCH_LOG, LAUNCH_RECORD
 from common.rundir.reader import DISTURBED, Run, read_run, run_name
@@ -77,7 +77,7 @@ class PlannedRun:
 
 
 def plan(backends: Sequence[str], world_sizes: Sequence[int], controllers: Optional[Sequence[str]],
-         repeats: int, explain: Sequence[str] = ("predivide",), site: ThisHost = ThisHost(),
+         repeats: int, explain: Sequence[str] = ("predivide",), site: Optional[ThisHost] = None,
          floor: int = 3) -> List[PlannedRun]:
     """The runs to make. Repeats are interleaved (all cells once, then again) so that drift in
     the machine's speed spreads over every cell. With controllers=None Horovod runs the Gloo
@@ -87,6 +87,7 @@ def plan(backends: Sequence[str], world_sizes: Sequence[int], controllers: Optio
     `floor` noise-floor runs of its first cell, each with its own disturbance (FLOOR), made only when the cells
     ended with different weights (at 2 ranks correct backends are bitwise identical). ValueError when the site
     cannot run a cell."""
+    site = site or ThisHost()
     largest = max(world_sizes)
     if controllers is None and site.slurm:
         controllers = ["mpi"]
@@ -110,7 +111,7 @@ def plan(backends: Sequence[str], world_sizes: Sequence[int], controllers: Optio
         here = [launcher for launcher, size in cells if size == np]
         if np >= 2 and len(here) >= 2:
             runs += [PlannedRun(here[0], np, 0, floor_variant(k), if_cells_differ=True) for k in range(1, floor + 1)]
-    site.check(sorted({run.launcher for run in runs}, key=lambda l: l.name), world_sizes)
+    site.check(sorted({run.launcher for run in runs}, key=lambda launcher: launcher.name), world_sizes)
     return runs
 
 
@@ -192,9 +193,9 @@ class MatrixRunner:
     """Runs a plan sequentially (runs on one host must not compete for its cores)."""
 
     def __init__(self, program: Union[Training, Scripts], out: Path, python: str = sys.executable,
-                 timeout_s: float = 1800, echo: Callable[[str], None] = print, site: ThisHost = ThisHost()) -> None:
+                 timeout_s: float = 1800, echo: Callable[[str], None] = print, site: Optional[ThisHost] = None) -> None:
         self.program = program
-        self.site = site
+        self.site = site or ThisHost()
         self.out = out
         self.python = python
         self.timeout_s = timeout_s
@@ -277,7 +278,7 @@ def cells_differ(np: int, done: List[Outcome]) -> bool:
     return len(digests) > 1
 
 
-def failure_record(outcome: Outcome) -> Dict:
+def failure_record(outcome: Outcome) -> Dict[str, Any]:
     """A failed run as the report shows it."""
     return {"name": outcome.planned.name, "returncode": outcome.returncode, "error": outcome.error,
             "command": outcome.command, "log": str(outcome.run_dir / LAUNCH_LOG)}

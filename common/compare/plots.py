@@ -4,7 +4,7 @@ floor's spread, and the per-step gaps of each pair against its floor. Its figure
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import matplotlib
 
@@ -13,7 +13,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from common.rundir.reader import Run  # noqa: E402
-from . import floor, speed_plots  # noqa: E402
+from . import speed_plots  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
 from .results import ParityResult  # noqa: E402
 from .speed_plots import color_of, empty, save, style_of  # noqa: E402
 
@@ -21,7 +23,7 @@ from .speed_plots import color_of, empty, save, style_of  # noqa: E402
 PLOTS = {"curves": "curves.png", **speed_plots.FILES, "parity": "parity.png"}
 
 
-def _floor_spread(runs: List[Run], floor: Dict) -> Dict[int, Dict[str, float]]:
+def _floor_spread(runs: List[Run], floor: Dict[str, Any]) -> Dict[int, Dict[str, float]]:
     """Per epoch, how far the noise floor's disturbed runs are from their base at most: |Δ train loss|, |Δ top-1|."""
     by_name = {r.name: r for r in runs}
     base = by_name.get(floor["base"])
@@ -35,11 +37,11 @@ def _floor_spread(runs: List[Run], floor: Dict) -> Dict[int, Dict[str, float]]:
             mine = theirs.get(e["epoch"])
             if mine is None:
                 continue
-            top1 = (e.get("val_top1"), mine.get("val_top1"))
+            ours, theirs_top1 = e.get("val_top1"), mine.get("val_top1")
             here = spread.setdefault(e["epoch"], {"loss": 0.0, "top1": 0.0})
             here["loss"] = max(here["loss"], abs(e["train_loss"] - mine["train_loss"]))
-            if None not in top1:
-                here["top1"] = max(here["top1"], abs(top1[0] - top1[1]))
+            if ours is not None and theirs_top1 is not None:
+                here["top1"] = max(here["top1"], abs(ours - theirs_top1))
     return spread
 
 
@@ -58,7 +60,7 @@ def agreement(pairs: Sequence[ParityResult], world: int) -> List[str]:
     return out
 
 
-def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None,
+def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict[str, Any]]] = None,
            pairs: Sequence[ParityResult] = ()) -> str:
     """Learning curves, one column per world size: training loss (top) and validation top-1 (bottom) against
     epoch, a colour, line style and marker per backend so that lines that coincide stay visible over each other,
@@ -73,14 +75,14 @@ def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None,
     rows = 2 if by_epoch else 1
     fig, axes = plt.subplots(rows, len(worlds), figsize=(max(4.2 * len(worlds), 6), 3.1 * rows + 0.6),
                              squeeze=False, sharex="col")
-    handles: Dict[str, object] = {}
+    handles: Dict[str, Any] = {}
     for col, world in enumerate(worlds):
         ax_loss = axes[0][col]
         here = sorted((r for r in shown if r.world_size == world), key=lambda r: r.label != "ddp")
         for run in here:
             ls, marker = style_of(run.label)
-            style = {"ls": ls, "marker": marker, "ms": 5 if by_epoch else 2, "mfc": "none", "color": color_of(run.label),
-                     "lw": 1.6 if by_epoch else 1.0}
+            style = {"ls": ls, "marker": marker, "ms": 5 if by_epoch else 2, "mfc": "none",
+                     "color": color_of(run.label), "lw": 1.6 if by_epoch else 1.0}
             if not by_epoch:
                 losses = run.step_losses()
                 line, = ax_loss.plot(sorted(losses), [losses[s] for s in sorted(losses)], **style)
@@ -128,12 +130,14 @@ def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict]] = None,
     return save(fig, out / PLOTS["curves"], tight=False)
 
 
-def parity(pairs: List[ParityResult], floors: Dict[int, Dict], out: Path, margin: Optional[float] = None) -> str:
+def parity(pairs: List[ParityResult], floors: Dict[int, Dict[str, Any]], out: Path,
+           margin: Optional[float] = None) -> str:
     """Draw parity_figure into `out` (parity.png); the file's name."""
     return save(parity_figure(pairs, floors, margin), out / PLOTS["parity"], tight=False)
 
 
-def parity_figure(pairs: List[ParityResult], floors: Dict[int, Dict], margin: Optional[float] = None):
+def parity_figure(pairs: List[ParityResult], floors: Dict[int, Dict[str, Any]],
+                  margin: Optional[float] = None) -> Figure:
     """Per-step gaps of every pair that is not a repeat, one column per world size: the loss (top) and the weights'
     fingerprint (bottom), each with its world size's noise-floor band shaded, `margin` times the band dashed,
     `margin` times the floor's branches dashed in a pair's colour where the pair is judged against those
@@ -143,7 +147,7 @@ def parity_figure(pairs: List[ParityResult], floors: Dict[int, Dict], margin: Op
     worlds = sorted({p.world_size for p in pairs if p.world_size is not None}) or [0]
     fig, axes = plt.subplots(2, len(worlds), figsize=(max(4.6 * len(worlds), 7), 6.4), squeeze=False)
     bottom = 1e-9  # two orders of magnitude below a float32 number's last bit
-    legend: Dict[str, object] = {}
+    legend: Dict[str, Any] = {}
     for col, world in enumerate(worlds):
         here = [p for p in pairs if p.world_size == world]
         for row, (quantity, key) in enumerate((("loss", "rel_loss_diff"), ("weights", "rel_weight_diff"))):

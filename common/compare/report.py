@@ -280,9 +280,10 @@ def _speed(c: Comparison) -> List[Section]:
             ["backend@world", "hosts", "median samples/s", "min", "max", "repeats"],
             [[k, ", ".join(v["hosts"]) or "?", _fmt(v["median"], ".1f"), _fmt(v["min"], ".1f"), _fmt(v["max"], ".1f"),
               str(v["n"])] for k, v in rows])]
-    split = [Paragraph("Mean per step: waiting for data, computing (forward, backward, optimizer), and gradient "
-                       "communication that backward did not hide (DDP: from the last bucket's allreduce launch to the "
-                       "end of backward; Horovod: time in synchronize() before the step)."),
+    split: List[Block] = [Paragraph(
+        "Mean per step: waiting for data, computing (forward, backward, optimizer), and gradient communication that "
+        "backward did not hide (DDP: from the last bucket's allreduce launch to the end of backward; Horovod: time in "
+        "synchronize() before the step)."),
              Table(["run", "data ms", "compute ms", "comm ms", "step ms", "comm share"],
                    [[r["run"], _fmt(r["data_ms"], ".2f"), _fmt(r["compute_ms"], ".2f"), _fmt(r["comm_ms"], ".2f"),
                      _fmt(r["step_ms"], ".2f"), _fmt(100 * (r["comm_frac"] or 0), ".1f") + "%"]

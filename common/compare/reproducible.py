@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from common.rundir.reader import Run
 from .floor import base_of, is_disturbed
@@ -52,7 +52,7 @@ def program_of(run: Run) -> str:
     """The program a run ran: the script's file name for a run of the probe, else the backend's entry point."""
     script = run.config.get("script") or {}
     if script.get("path"):
-        return os.path.basename(script["path"])
+        return os.path.basename(str(script["path"]))
     return f"{(run.config.get('backend') or {}).get('name', run.label)}'s training"
 
 
@@ -80,7 +80,7 @@ def start_gap(a: Run, b: Run) -> Optional[float]:
     return gap if gap > (0.0 if exact_a and exact_b else DISTURBANCE_REACH) else 0.0
 
 
-def _first_batches(run: Run) -> Optional[List]:
+def _first_batches(run: Run) -> Optional[List[Any]]:
     """Every rank's input fingerprints at step 1 (runs of the probe), None where not recorded."""
     first = next((e for e in run.events if e["event"] == "step" and e.get("step") == 1), None)
     if first is None or not first.get("ranks"):

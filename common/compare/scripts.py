@@ -49,4 +49,4 @@ def program(paths: Sequence[str], args: Sequence[str]) -> Scripts:
         if kinds[1] != "ddp":
             raise ValueError(f"--scripts {paths[0]} {paths[1]}: {paths[1]} imports horovod too; the second script is "
                              "the DDP port")
-    return Scripts(tuple(zip(kinds, paths)), tuple(args))
+    return Scripts(tuple(zip(kinds, paths, strict=True)), tuple(args))

@@ -82,7 +82,7 @@ class SlurmAllocation(Hosts):
             raise ValueError("--slurm runs inside a Slurm allocation: start it with salloc or in an sbatch script")
         nodes = node_names(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
         per_node = tasks_per_node(env, len(nodes))
-        super().__init__(",".join(f"{node}:{slots}" for node, slots in zip(nodes, per_node)), port)
+        super().__init__(",".join(f"{node}:{slots}" for node, slots in zip(nodes, per_node, strict=True)), port)
 
     def launcher(self, backend: str, controller: Optional[str]) -> launch.Launcher:
         if controller == "gloo":

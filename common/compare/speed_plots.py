@@ -5,12 +5,14 @@ here judges parity (common.compare.plots does), so a change to how runs are judg
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from . import stats  # noqa: E402
 
@@ -37,12 +39,12 @@ def color_of(label: str) -> str:
     return BACKEND_COLORS.get(backend) or PALETTE[sum(map(ord, backend)) % len(PALETTE)]
 
 
-def style_of(label: str) -> tuple:
+def style_of(label: str) -> Tuple[str, str]:
     """(line style, marker) of a backend."""
     return BACKEND_STYLES.get(backend_of(label), ("-", "o"))
 
 
-def save(fig, path: Path, dpi: int = 110, tight: bool = True) -> str:
+def save(fig: Figure, path: Path, dpi: int = 110, tight: bool = True) -> str:
     """Write `fig` to `path` (its folder made if needed), close it, and return the file's name; `tight`: lay it out
     first (a figure with a legend outside its axes lays itself out)."""
     if tight:
@@ -53,12 +55,13 @@ def save(fig, path: Path, dpi: int = 110, tight: bool = True) -> str:
     return path.name
 
 
-def empty(ax, text: str) -> None:
+def empty(ax: Axes, text: str) -> None:
     """Say `text` in the middle of an axis that has nothing to draw."""
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
-def draw_throughput(ax, table: Dict[str, Dict], ideal: bool = True, references: Sequence[str] = ()) -> None:
+def draw_throughput(ax: Axes, table: Dict[str, Dict[str, Any]], ideal: bool = True,
+                    references: Sequence[str] = ()) -> None:
     """samples/s against world size per label of a throughput table ("label@N" -> spread), min-max over
     repeats as error bars; with `ideal`, linear scaling from each label's single-process median dotted.
     `references` (e.g. a bare loop) are dashed and get no ideal line."""
@@ -81,7 +84,7 @@ def draw_throughput(ax, table: Dict[str, Dict], ideal: bool = True, references: 
         ax.legend(fontsize=7)
 
 
-def draw_scaling(ax, table: Dict[str, Dict[int, float]]) -> None:
+def draw_scaling(ax: Axes, table: Dict[str, Dict[int, float]]) -> None:
     """Scaling efficiency against world size per label ({label: {N: efficiency}}); 1.0, perfect, dotted."""
     worlds = set()
     for label, points in sorted(table.items()):
@@ -101,7 +104,7 @@ def draw_scaling(ax, table: Dict[str, Dict[int, float]]) -> None:
     ax.legend(fontsize=7)
 
 
-def throughput(table: Dict[str, Dict], out: Path) -> str:
+def throughput(table: Dict[str, Dict[str, Any]], out: Path) -> str:
     """samples/s against world size per backend (min-max over repeats as error bars), with
     ideal linear scaling from each backend's single-process throughput."""
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -118,7 +121,7 @@ def scaling(table: Dict[str, Dict[int, float]], out: Path) -> str:
     return save(fig, out / FILES["scaling"])
 
 
-def time_split(rows: List[Dict], out: Path) -> str:
+def time_split(rows: List[Dict[str, Any]], out: Path) -> str:
     """Mean time per step split into data / compute / exposed communication, one bar per run."""
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(rows) + 2), 4))
     names = [r["run"] for r in rows]
@@ -126,7 +129,7 @@ def time_split(rows: List[Dict], out: Path) -> str:
     for part, color in (("data_ms", "#8da0cb"), ("compute_ms", "#66c2a5"), ("comm_ms", "#fc8d62")):
         values = [r.get(part) or 0.0 for r in rows]
         ax.bar(names, values, bottom=bottom, color=color, label=part.replace("_ms", ""))
-        bottom = [b + v for b, v in zip(bottom, values)]
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set(ylabel="ms per step", title="Where a step's time goes")
     ax.tick_params(axis="x", rotation=45, labelsize=8)
     ax.legend(fontsize=8)

@@ -6,12 +6,12 @@ A throughput table maps "label@world_size" (e.g. "ddp@2") to the spread of sampl
 from __future__ import annotations
 
 import statistics
-from typing import Callable, Dict, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 T = TypeVar("T")
 
 
-def spread(values: Sequence[float]) -> Dict:
+def spread(values: Sequence[float]) -> Dict[str, Any]:
     """Median, min, max and count of repeated measurements (and the values themselves)."""
     values = list(values)
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
@@ -25,26 +25,26 @@ def median_item(items: Sequence[T], key: Callable[[T], float]) -> Optional[T]:
     return ordered[(len(ordered) - 1) // 2] if ordered else None
 
 
-def split_key(key: str) -> tuple:
+def split_key(key: str) -> Tuple[Any, ...]:
     """"ddp@2" -> ("ddp", 2)."""
     label, world = key.rsplit("@", 1)
     return label, int(world)
 
 
-def single_process_baseline(throughput: Dict[str, Dict], label: str) -> Optional[float]:
+def single_process_baseline(throughput: Dict[str, Dict[str, Any]], label: str) -> Optional[float]:
     """Median single-process throughput of `label`; labels of one family ("horovod-gloo", "horovod-mpi")
     share one baseline when only one of them ran at world size 1 (one process does not communicate)."""
     if f"{label}@1" in throughput:
-        return throughput[f"{label}@1"]["median"]
+        return float(throughput[f"{label}@1"]["median"])
     family = label.split("-")[0]
     for key, value in throughput.items():
         other, world = split_key(key)
         if world == 1 and other.split("-")[0] == family:
-            return value["median"]
+            return float(value["median"])
     return None
 
 
-def scaling_efficiency(throughput: Dict[str, Dict]) -> Dict[str, Dict[int, float]]:
+def scaling_efficiency(throughput: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[int, float]]:
     """throughput(N) / (N x throughput(1)) per label and world size, from median samples/s; labels with
     no single-process baseline are left out."""
     out: Dict[str, Dict[int, float]] = {}
@@ -56,11 +56,11 @@ def scaling_efficiency(throughput: Dict[str, Dict]) -> Dict[str, Dict[int, float
     return out
 
 
-def labels(throughput: Dict[str, Dict]) -> List[str]:
+def labels(throughput: Dict[str, Dict[str, Any]]) -> List[str]:
     """The labels of a throughput table, sorted."""
     return sorted({split_key(key)[0] for key in throughput})
 
 
-def series(throughput: Dict[str, Dict], label: str) -> List[tuple]:
+def series(throughput: Dict[str, Dict[str, Any]], label: str) -> List[Tuple[int, Dict[str, Any]]]:
     """(world size, spread) of one label, by world size."""
     return sorted((split_key(k)[1], v) for k, v in throughput.items() if split_key(k)[0] == label)

@@ -193,7 +193,7 @@ def runs_line(runs: Sequence[Run]) -> str:
     what = (f"scripts {', '.join(scripts)} ({first.config.get('model') or 'its model'})" if script else
             f"{settings.get('model')} on {settings.get('dataset')}, per-process batch {settings.get('batch_size')}, "
             f"{settings.get('optimizer')} lr {settings.get('lr')}")
-    steps = sorted({r.summary.get("steps") for r in runs if r.summary.get("steps") is not None})
+    steps = sorted({int(r.summary["steps"]) for r in runs if r.summary.get("steps") is not None})
     steps_text = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}" if steps else "?"
     busiest = analysis.conditions(list(runs))
     hosts = sorted({h for r in runs for h in (r.config.get("rank_hosts") or r.config.get("hosts") or [])})

@@ -10,19 +10,19 @@ from typing import Optional, Sequence
 MISSING = "–"
 
 
-def markdown(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
+def markdown(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A markdown (GitHub) table."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def text(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
+def text(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain table for a terminal, every column right-aligned to its widest cell."""
     cells = [[str(c) for c in row] for row in rows]
     widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ by itself, whatever the trajectory shows.
 from __future__ import annotations
 
 import bisect
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .results import BandRatio, Departure, LrDifference, SettingDifference
 
@@ -36,7 +36,7 @@ def relative(x: float, y: float) -> float:
     return abs(x - y) / size if size > 0 else 0.0
 
 
-def step_gaps(a: Dict[int, Dict], b: Dict[int, Dict]) -> Dict[str, Dict[int, float]]:
+def step_gaps(a: Dict[int, Dict[str, Any]], b: Dict[int, Dict[str, Any]]) -> Dict[str, Dict[int, float]]:
     """Per quantity, the relative gap at every step both runs logged it (inputs: Run.step_states())."""
     out: Dict[str, Dict[int, float]] = {q: {} for q in QUANTITIES}
     for step in sorted(set(a) & set(b)):
@@ -45,11 +45,11 @@ def step_gaps(a: Dict[int, Dict], b: Dict[int, Dict]) -> Dict[str, Dict[int, flo
             out["loss"][step] = relative(x["loss"], y["loss"])
         wa, wb = x.get("wnorm"), y.get("wnorm")
         if wa is not None and wb is not None and len(wa) == len(wb):
-            out["weights"][step] = max((relative(p, q) for p, q in zip(wa, wb)), default=0.0)
+            out["weights"][step] = max((relative(p, q) for p, q in zip(wa, wb, strict=True)), default=0.0)
     return out
 
 
-def lr_difference(a: Dict[int, Dict], b: Dict[int, Dict]) -> Optional[LrDifference]:
+def lr_difference(a: Dict[int, Dict[str, Any]], b: Dict[int, Dict[str, Any]]) -> Optional[LrDifference]:
     """The first step whose learning rate differs, or None."""
     for step in sorted(set(a) & set(b)):
         x, y = a[step].get("lr"), b[step].get("lr")
@@ -62,13 +62,13 @@ def lr_difference(a: Dict[int, Dict], b: Dict[int, Dict]) -> Optional[LrDifferen
 SECOND_UPDATE = ("momentum", "dampening")
 
 
-def setting_difference(a: Dict[int, Dict], b: Dict[int, Dict]) -> Optional[SettingDifference]:
+def setting_difference(a: Dict[int, Dict[str, Any]], b: Dict[int, Dict[str, Any]]) -> Optional[SettingDifference]:
     """The first step whose optimizer settings other than the learning rate differ (a weight decay, a momentum,
     Adam's betas, another optimizer), with `acts`, the first step whose forward pass sees its effect (the next
     step's, or for a momentum the one after), or None."""
     for step in sorted(set(a) & set(b)):
         x, y = a[step].get("optimizer") or [], b[step].get("optimizer") or []
-        for group, (u, v) in enumerate(zip(x, y)):
+        for group, (u, v) in enumerate(zip(x, y, strict=False)):  # param groups the two have both
             for key in sorted(set(u) | set(v)):
                 if key in u and key in v and not _same(u[key], v[key]):
                     acts = step + (2 if key in SECOND_UPDATE else 1)
@@ -76,7 +76,7 @@ def setting_difference(a: Dict[int, Dict], b: Dict[int, Dict]) -> Optional[Setti
     return None
 
 
-def _same(x, y) -> bool:
+def _same(x: Any, y: Any) -> bool:
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y))
     return relative(x, y) <= 1e-9 if numbers else x == y
 

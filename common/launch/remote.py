@@ -8,12 +8,13 @@ the remote launcher gets SIGHUP and stops its workers, so nothing is left runnin
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from .hosts import is_local, parse_hosts
 from .jobs import Job, JobTimeout, Result, finish
@@ -70,7 +71,7 @@ class HostsJob:
         self.jobs: Dict[str, Job] = {}
         try:
             for host, cmd in on_hosts(commands, cwd, env).items():
-                self.jobs[host] = Job(cmd, env=env, cwd=cwd, on_line=lambda line, host=host: self._line(host, line))
+                self.jobs[host] = Job(cmd, env=env, cwd=cwd, on_line=functools.partial(self._line, host))
         except BaseException:
             self.stop()
             raise
@@ -119,9 +120,9 @@ class HostsJob:
                 self.stop()
                 raise JobTimeout(f"{'; '.join(self.cmd)} did not end within {timeout:.0f} s")
             time.sleep(0.1)
-        codes = {host: job.wait() for host, job in self.jobs.items()}
+        ended = {host: job.wait() for host, job in self.jobs.items()}
         self._close_log()
-        return next((code for code in codes.values() if code != 0), 0)
+        return next((code for code in ended.values() if code != 0), 0)
 
     def stop(self) -> None:
         """Stop every command that still runs (see Job.stop)."""
@@ -162,12 +163,13 @@ def shown(commands: Dict[str, List[str]]) -> str:
     return "; ".join(" ".join(cmd) if host == HERE else f"{host}$ {' '.join(cmd)}" for host, cmd in commands.items())
 
 
-def run_commands(commands: Dict[str, Sequence[str]], timeout: float, *, env: Dict[str, str], cwd: Path,
+def run_commands(commands: Mapping[str, Sequence[str]], timeout: float, *, env: Dict[str, str], cwd: Path,
                  log: Optional[Path] = None, on_line: Optional[Callable[[str], None]] = None) -> Result:
     """Run what commands_for gave to its end (a Job for a command started from here, else a HostsJob); past
     `timeout` seconds every command is stopped and `timed_out` is set."""
+    job: Union[Job, HostsJob]
     if HERE in commands:
         job = Job(commands[HERE], env=env, cwd=cwd, log=log, on_line=on_line)
     else:
-        job = HostsJob(commands, env=env, cwd=cwd, log=log, on_line=on_line)
+        job = HostsJob(dict(commands), env=env, cwd=cwd, log=log, on_line=on_line)
     return finish(job, timeout)
