@@ -74,6 +74,12 @@ BANNER = re.compile(r"\[ddp\] rank (\d+)/(\d+) local_rank (\d+)/(\d+) host (\S+)
 NCCL_VERSION = re.compile(r"NCCL version (\S+)")
 
 
+def refuse(message: str) -> None:
+    """A setting the check cannot run with: one line, exit code 2."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def now() -> float:
     return time.monotonic()
 
@@ -136,19 +142,21 @@ class Check:
         env = os.environ
         self.device = env.get("GPU_CHECK_DEVICE", "cuda")
         if self.device not in ("cuda", "cpu"):
-            sys.exit(f"{PROG}: error: GPU_CHECK_DEVICE={self.device}: choose cuda or cpu")
+            refuse(f"GPU_CHECK_DEVICE={self.device}: choose cuda or cpu")
         self.python = sys.executable
         self.work = Path(env.get("GPU_CHECK_WORK") or ROOT / "runs" / "gpu-check" / self.device).resolve()
         default_out = ROOT / "benchmarks" / "results" / "gpu" if self.device == "cuda" else self.work
         self.out = Path(env.get("GPU_CHECK_OUT") or default_out).resolve()
         self.carry = Path(env.get("GPU_CHECK_CARRY") or ROOT / "runs" / "gpu-carry").resolve()
-        self.budget = float(env.get("GPU_CHECK_BUDGET") or BUDGET[self.device])
+        try:
+            self.budget = float(env.get("GPU_CHECK_BUDGET") or BUDGET[self.device])
+        except ValueError:
+            refuse(f"GPU_CHECK_BUDGET={env['GPU_CHECK_BUDGET']}: give seconds")
         self.only = [s for s in env.get("GPU_CHECK_STEPS", "").split(",") if s] or list(STEPS)
         self.force_fail = [s for s in env.get("GPU_CHECK_FAIL", "").split(",") if s]
         for name in [*self.only, *self.force_fail]:
             if name not in STEPS:
-                sys.exit(f"{PROG}: error: unknown step {name!r} in GPU_CHECK_STEPS/GPU_CHECK_FAIL; "
-                         f"the steps: {','.join(STEPS)}")
+                refuse(f"unknown step {name!r} in GPU_CHECK_STEPS/GPU_CHECK_FAIL; the steps: {','.join(STEPS)}")
         self.build_wanted = env.get("GPU_CHECK_HOROVOD_BUILD", "auto")
         self.nproc_wanted = env.get("GPU_CHECK_NPROC")
         self.start = now()
@@ -249,54 +257,63 @@ class Check:
     def torchrun(self, nproc: int, program: List[str]) -> List[str]:
         return [*self.bin("torchrun"), "--rdzv-backend", "loopback", f"--nproc-per-node={nproc}", *program]
 
-    def train(self, step: Step, until: float, options: List[str], run_dir: Path,
-              nproc: Optional[int] = None) -> Dict[str, Any]:
-        """One ddp_train run under torchrun; what its run directory and output say, checked."""
+    def train(self, step: Step, until: float, options: List[str], run_dir: Path, nproc: Optional[int] = None,
+              key: Optional[str] = None) -> Dict[str, Any]:
+        """One ddp_train run under torchrun: what its run directory and output say, recorded in the step's result
+        (under runs/`key` with a key), then checked."""
         n = nproc or self.nproc
         shutil.rmtree(run_dir, ignore_errors=True)
         cmd = self.torchrun(n, ["-m", "ddp_train", "--device", self.device, *options, "--run-dir", str(run_dir),
                                 *self.forced(step.name)])
         output = self.run(step, cmd, until)
-        return self.read_run(run_dir, output, n)
+        run = self.read_run(run_dir, output)
+        if key:
+            step.result.setdefault("runs", {})[key] = run
+        else:
+            step.result.update(run)
+        self.check_run(run_dir.name, run, n)
+        return run
 
-    def read_run(self, run_dir: Path, output: str, n: int) -> Dict[str, Any]:
+    def read_run(self, run_dir: Path, output: str) -> Dict[str, Any]:
+        """What a run's directory and output say: its process group, each rank's device, NCCL's version line, its
+        precision and memory format, speed, loss and weights."""
         try:
             config = json.loads((run_dir / "config.json").read_text())
             summary = json.loads((run_dir / "summary.json").read_text())
         except (OSError, ValueError) as exc:
             raise StepFailed(f"{run_dir.name}: no complete run directory ({exc})") from None
-        group = config["backend"].get("process_group")
-        want = "nccl" if self.device == "cuda" else "gloo"
-        if group != want:
-            raise StepFailed(f"{run_dir.name}: the process group is {group}, not {want}")
-        devices = {}
-        for match in BANNER.finditer(output):
-            rank, local_rank, device = int(match.group(1)), int(match.group(3)), match.group(6)
-            devices[rank] = {"local_rank": local_rank, "device": device}
-        if sorted(devices) != list(range(n)):
-            raise StepFailed(f"{run_dir.name}: {len(devices)} of {n} ranks said which device they train on")
-        for rank, seen in devices.items():
-            want_device = f"cuda:{seen['local_rank']}" if self.device == "cuda" else "cpu"
-            if seen["device"] != want_device:
-                raise StepFailed(f"{run_dir.name}: rank {rank} (local rank {seen['local_rank']}) trains on "
-                                 f"{seen['device']}, not {want_device}")
+        devices = {int(m.group(1)): {"local_rank": int(m.group(3)), "device": m.group(6)}
+                   for m in BANNER.finditer(output)}
         nccl = NCCL_VERSION.findall(output)
-        if self.device == "cuda" and not nccl:
-            raise StepFailed(f"{run_dir.name}: NCCL never started a communicator (no 'NCCL version' line under "
-                             "NCCL_DEBUG=VERSION)")
-        if not math.isfinite(summary.get("train_loss", float("nan"))):
-            raise StepFailed(f"{run_dir.name}: the training loss is {summary.get('train_loss')}")
         split = summary.get("time_split") or {}
         return {"run_dir": str(run_dir.relative_to(self.work)), "world_size": config["world_size"],
-                "process_group": group, "nccl": nccl[0] if nccl else None,
+                "process_group": config["backend"].get("process_group"), "nccl": nccl[0] if nccl else None,
                 "devices": [devices[r]["device"] for r in sorted(devices)],
+                "local_ranks": [devices[r]["local_rank"] for r in sorted(devices)],
                 "precision": config.get("precision"), "channels_last": config["config"].get("channels_last"),
                 "reduction": config.get("reduction"), "global_batch": config.get("global_batch"),
                 "steps": summary.get("steps"), "samples_per_s": summary.get("samples_per_s"),
-                "step_ms": split.get("step_ms"), "comm_frac": split.get("comm_frac"),
+                "step_ms": split.get("step_ms"), "data_ms": split.get("data_ms"), "comm_frac": split.get("comm_frac"),
                 "train_loss": summary.get("train_loss"), "wall_s": summary.get("wall_s"),
                 "weights_sha256": summary.get("weights_sha256"),
                 "buffers_keyword": config["backend"].get("ddp_built", {}).get("buffers_keyword")}
+
+    def check_run(self, name: str, run: Dict[str, Any], n: int) -> None:
+        """NCCL (Gloo in the rehearsal), every rank on the device of its local rank, a finite loss."""
+        want = "nccl" if self.device == "cuda" else "gloo"
+        if run["process_group"] != want:
+            raise StepFailed(f"{name}: the process group is {run['process_group']}, not {want}")
+        if len(run["devices"]) != n:
+            raise StepFailed(f"{name}: {len(run['devices'])} of {n} ranks said which device they train on")
+        for rank, (device, local_rank) in enumerate(zip(run["devices"], run["local_ranks"], strict=True)):
+            want_device = f"cuda:{local_rank}" if self.device == "cuda" else "cpu"
+            if device != want_device:
+                raise StepFailed(f"{name}: rank {rank} (local rank {local_rank}) trains on {device}, not {want_device}")
+        if self.device == "cuda" and not run["nccl"]:
+            raise StepFailed(f"{name}: NCCL never started a communicator (no 'NCCL version' line under "
+                             "NCCL_DEBUG=VERSION)")
+        if not math.isfinite(run["train_loss"] if run["train_loss"] is not None else float("nan")):
+            raise StepFailed(f"{name}: the training loss is {run['train_loss']}")
 
     def step_install(self, step: Step, until: float) -> None:
         """pip install --no-deps --no-build-isolation -e . into this python (offline: --no-index); where pip
@@ -335,23 +352,23 @@ class Check:
             raise StepFailed(f"torch {found['torch']} sees no CUDA device")
 
     def step_ddp(self, step: Step, until: float) -> None:
-        step.result.update(self.train(step, until, self.training(), self.work / "ddp"))
+        self.train(step, until, self.training(), self.work / "ddp")
 
     def step_amp_fp16(self, step: Step, until: float) -> None:
         if self.device == "cpu":
             step.reason = "float16 autocast with a GradScaler runs on CUDA only (refused on CPU: tests/test_knobs.py)"
             return
-        step.result.update(self.train(step, until, self.training(amp="fp16"), self.work / "amp_fp16"))
+        self.train(step, until, self.training(amp="fp16"), self.work / "amp_fp16")
         if not (step.result["precision"] or {}).get("grad_scaler"):
             raise StepFailed("--amp fp16 ran without a GradScaler")
 
     def step_amp_bf16(self, step: Step, until: float) -> None:
-        step.result.update(self.train(step, until, self.training(amp="bf16"), self.work / "amp_bf16"))
+        self.train(step, until, self.training(amp="bf16"), self.work / "amp_bf16")
         if (step.result["precision"] or {}).get("amp") != "bf16":
             raise StepFailed(f"--amp bf16 recorded precision {step.result['precision']}")
 
     def step_channels_last(self, step: Step, until: float) -> None:
-        step.result.update(self.train(step, until, self.training(channels_last=""), self.work / "channels_last"))
+        self.train(step, until, self.training(channels_last=""), self.work / "channels_last")
         if step.result["channels_last"] is not True:
             raise StepFailed("--channels-last is not recorded in config.json")
 
@@ -361,11 +378,10 @@ class Check:
         options = self.training(reduction="exact", micro_batch=str(micro), global_batch=str(2 * micro * self.nproc),
                                 max_steps=str(steps), batch_size=None)
         plan = [("a", self.nproc), ("b", self.nproc)] + ([("one", 1)] if self.nproc >= 2 else [])
-        runs = {}
-        for name, n in plan:
-            runs[name] = self.train(step, until, options, self.work / "exact" / name, nproc=n)
+        runs = {name: self.train(step, until, options, self.work / "exact" / name, nproc=n, key=name)
+                for name, n in plan}
         sha = {name: run["weights_sha256"] for name, run in runs.items()}
-        step.result.update({"runs": runs, "weights_sha256": sha, "repeat_identical": sha["a"] == sha["b"],
+        step.result.update({"weights_sha256": sha, "repeat_identical": sha["a"] == sha["b"],
                             "world_sizes_identical": sha["a"] == sha["one"] if "one" in sha else None})
         if sha["a"] != sha["b"]:
             raise StepFailed(f"two --reduction exact runs at world size {self.nproc} end with different weights "
@@ -579,7 +595,7 @@ class Check:
                     step.outcome, step.error = "failed", str(exc)
             return
         if name != "install" and self.steps["install"].outcome in ("failed", "timeout"):
-            step.reason = "the project is not installed (step install failed)"
+            step.reason = "step install failed"
             return
         step.limit_s = round(self.left(name), 1)
         step.started_s = round(now() - self.start, 2)
@@ -621,7 +637,7 @@ class Check:
                     if "horovod_build" not in self.only:
                         build.reason = "not in GPU_CHECK_STEPS"
                     elif self.steps["install"].outcome in ("failed", "timeout"):
-                        build.reason = "the project is not installed (step install failed)"
+                        build.reason = "step install failed"
                     else:
                         self.start_build()
             self.finish_build()
@@ -792,10 +808,8 @@ def main() -> int:
     if sys.argv[1:] == ["--prepare"]:
         return prepare(Path(os.environ.get("GPU_CHECK_CARRY") or ROOT / "runs" / "gpu-carry").resolve())
     if sys.argv[1:]:
-        print(__doc__, file=sys.stderr)
-        print(f"{PROG}: error: unknown arguments {' '.join(sys.argv[1:])}; the check takes none but --prepare "
-              "(its settings are GPU_CHECK_* variables: docs/gpu-check.md)", file=sys.stderr)
-        return 2
+        refuse(f"unknown arguments {' '.join(sys.argv[1:])}; the check takes none but --prepare (its settings are "
+               "GPU_CHECK_* variables: docs/gpu-check.md)")
     check = Check()
 
     def interrupt(signum, frame):
