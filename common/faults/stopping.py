@@ -29,6 +29,9 @@ from .watchdog import CollectiveWatchdog
 CHECK_PERIOD_S = 0.5
 #: at most this many steps between two checks (steps of under a millisecond)
 MAX_CHECK_EVERY = 1000
+#: a SIGTERM this soon after the first is the same request delivered twice (Slurm's scancel reaches every task of
+#: slurm/ddp_torchrun.sbatch from its node's slurmstepd and again from torchrun), not a second one
+SAME_REQUEST_S = 2.0
 #: how much longer than --timeout the watchdog lets a collective wait (the backends' own timeouts go first)
 WATCHDOG_GRACE_S = 1.0
 
@@ -47,6 +50,7 @@ class StopControl:
     def __init__(self, backend: Backend, timeout_s: float, prog: str) -> None:
         self.backend, self.timeout_s, self.prog = backend, timeout_s, prog
         self.signal: Optional[int] = None
+        self._signalled_at = 0.0
         self.watchdog: Optional[CollectiveWatchdog] = None
         self.next_check = 1  # the first check comes after the first step, then at the agreed pace
         self._last_check_step = 0
@@ -76,9 +80,17 @@ class StopControl:
         """Install the signal handlers (after the backend's init: MPI may install handlers of its own)
         and start the watchdog; the backend's own timeouts should fire first."""
 
-        def request_stop(signum, frame):
-            self.signal = signum
-            signal.signal(signum, signal.SIG_DFL)
+        def request_stop(signum: int, frame: object) -> None:
+            if signum == signal.SIGTERM and self.signal == signum and \
+                    time.monotonic() - self._signalled_at < SAME_REQUEST_S:
+                return  # one request passed on twice: a scheduler's SIGTERM, and its launcher's after it
+            if self.signal is not None and signum == self.signal:  # the second one: stop at once
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+                return
+            self.signal, self._signalled_at = signum, time.monotonic()
+            if signum != signal.SIGTERM:
+                signal.signal(signum, signal.SIG_DFL)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, request_stop)
@@ -148,7 +160,7 @@ class StopControl:
                     f"in {activity.doing} at step {activity.step}, which cannot complete without "
                     f"{'it' if len(gone) == 1 else 'them'})", None)
 
-    def _leave(self, first: str, second: Optional[str]) -> None:
+    def _leave(self, first: str, second: Optional[str]) -> NoReturn:
         rank = self.backend.rank
         print_error(self.prog, first, rank)
         if second:
