@@ -35,7 +35,8 @@ def _srun(shape: Shape, python: str, program: List[str]) -> List[str]:
     # the first node of the placement (exported by the user in an sbatch script; set here when it is known).
     hosts = shape.host_slots()
     store = ["env", f"MASTER_ADDR={hosts[0][0]}", f"MASTER_PORT={shape.port or DEFAULT_PORT}"] if hosts else []
-    return [*store, "srun", *srun_shape(shape), python, *program]
+    # --kill-on-bad-exit: a rank that fails ends the step (else srun waits for the others until their timeout)
+    return [*store, "srun", "--kill-on-bad-exit=1", *srun_shape(shape), python, *program]
 
 
 LAUNCHERS = [

@@ -53,7 +53,8 @@ def _mpirun(shape: Shape, python: str, program: List[str]) -> List[str]:
 def _srun(shape: Shape, python: str, program: List[str]) -> List[str]:
     # Slurm wires the tasks up through PMI (SRUN_MPI: the plugin Slurm and Open MPI share, as in
     # slurm/hvd_srun.sbatch); Horovod then runs its MPI controller without horovodrun or ssh.
-    return ["srun", f"--mpi={os.environ.get('SRUN_MPI', 'pmix')}", *srun_shape(shape), python, *program]
+    return ["srun", f"--mpi={os.environ.get('SRUN_MPI', 'pmix')}", "--kill-on-bad-exit=1", *srun_shape(shape), python,
+            *program]
 
 
 LAUNCHERS = [

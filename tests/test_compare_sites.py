@@ -61,9 +61,11 @@ def test_slurm_runs_both_backends_through_srun_across_both_nodes(compared, np):
     assert sorted(commands) == [f"ddp@{np}#1", f"horovod-mpi@{np}#1"]
     shape = f"--nodes=2 --ntasks-per-node={per_node} --ntasks={np} "
     # DDP: one task per process, meeting at the allocation's first node; Horovod: PMIx, its MPI controller.
-    assert commands[f"ddp@{np}#1"].startswith(f"env MASTER_ADDR=node0 MASTER_PORT={29620 + np} srun {shape}"), \
+    assert commands[f"ddp@{np}#1"].startswith(f"env MASTER_ADDR=node0 MASTER_PORT={29620 + np} srun "
+                                              f"--kill-on-bad-exit=1 {shape}"), \
         commands[f"ddp@{np}#1"]
-    assert commands[f"horovod-mpi@{np}#1"].startswith(f"srun --mpi=pmix {shape}"), commands[f"horovod-mpi@{np}#1"]
+    assert commands[f"horovod-mpi@{np}#1"].startswith(f"srun --mpi=pmix --kill-on-bad-exit=1 {shape}"), \
+        commands[f"horovod-mpi@{np}#1"]
     for run in summary["runs"]:
         config = json.loads((Path(run["path"]) / CONFIG_FILE).read_text())
         assert config["launcher"] == "srun" and config["world_size"] == np
