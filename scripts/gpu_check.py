@@ -384,11 +384,22 @@ class Check:
         step.result.update({"weights_sha256": sha, "repeat_identical": sha["a"] == sha["b"],
                             "world_sizes_identical": sha["a"] == sha["one"] if "one" in sha else None})
         if sha["a"] != sha["b"]:
+            self.exact_diagnosis(step, until, options)
             raise StepFailed(f"two --reduction exact runs at world size {self.nproc} end with different weights "
                              f"({sha['a'][:12]} and {sha['b'][:12]})")
         if "one" in sha and sha["one"] != sha["a"]:
             raise StepFailed(f"--reduction exact at world size 1 and {self.nproc} end with different weights "
                              f"({sha['one'][:12]} and {sha['a'][:12]})")
+
+    def exact_diagnosis(self, step: Step, until: float, options: List[str]) -> None:
+        """Where two exact runs differ: the same twice more with torch's deterministic algorithms (--deterministic),
+        within the step's box; recorded under `deterministic`, whatever it finds."""
+        try:
+            runs = [self.train(step, until, [*options, "--deterministic"], self.work / "exact" / name, key=name)
+                    for name in ("deterministic_a", "deterministic_b")]
+            step.result["deterministic"] = {"identical": runs[0]["weights_sha256"] == runs[1]["weights_sha256"]}
+        except (StepFailed, TimedOut) as exc:
+            step.result["deterministic"] = {"error": str(exc)}
 
     def step_horovod_api(self, step: Step, until: float) -> None:
         out = self.work / "horovod_api"
