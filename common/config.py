@@ -129,8 +129,9 @@ class Config:
                               "seed=)` and returning `(train, val)` (see docs/your-model-and-data.md)"))
     data_dir: Optional[str] = option(None, "data", "folder holding the dataset files (mnist, cifar10, imagefolder); "
                                      "never downloaded", doc=(
-                                         "files for `mnist` (`MNIST/raw/*-ubyte`), `cifar10` (`cifar-10-batches-py/`), "
-                                         "`imagefolder` (`train/<class>/`, `val/<class>/`). Nothing is ever downloaded"))
+                                         "files for `mnist` (`MNIST/raw/*-ubyte`), `cifar10` "
+                                         "(`cifar-10-batches-py/`), `imagefolder` (`train/<class>/`, "
+                                         "`val/<class>/`). Nothing is ever downloaded"))
     image_size: Optional[int] = option(None, "data", "synthetic: side of the square images (default: the model's, "
                                                      "224 for ImageNet models, else 8); imagefolder: resize to this "
                                                      "(default 224)", parse=positive_int)
@@ -200,17 +201,19 @@ class Config:
     perturb_ulp: int = option(0, "run", "move every nonzero initial weight N units in the last place (which way: "
                                         "--perturb-pattern), and with --compression fp16 every reduced gradient one "
                                         "float16 unit at every step: the smallest disturbance, whose effect on "
-                                        "training is the noise floor compare-backends measures; 0: off", parse=non_negative_int,
-                              metavar="N")
-    perturb_pattern: int = option(1, "run", "with --perturb-ulp, which way each parameter tensor moves: 1 every tensor away "
-                                            "from zero, 2 toward zero, 3 and up each tensor one way or the other (drawn "
-                                            "from the number): distinct disturbances of the same size, whose outcomes "
-                                            "make the noise floor's spread", parse=positive_int, metavar="P")
+                                        "training is the noise floor compare-backends measures; 0: off",
+                              parse=non_negative_int, metavar="N")
+    perturb_pattern: int = option(1, "run", "with --perturb-ulp, which way each parameter tensor moves: 1 every "
+                                            "tensor away from zero, 2 toward zero, 3 and up each tensor one way or "
+                                            "the other (drawn from the number): distinct disturbances of the same "
+                                            "size, whose outcomes make the noise floor's spread",
+                                  parse=positive_int, metavar="P")
     # reduction
-    reduction: str = option("allreduce", "reduction", "allreduce: each backend's own gradient averaging (fast; bitwise "
-                                                      "equal across backends at 1 and 2 ranks); exact: fixed-point sums "
-                                                      "of micro-batch gradients, the same bits on both backends, at "
-                                                      "every world size, run after run", choices=REDUCTIONS)
+    reduction: str = option("allreduce", "reduction", "allreduce: each backend's own gradient averaging (fast; "
+                                                      "bitwise equal across backends at 1 and 2 ranks); exact: "
+                                                      "fixed-point sums of micro-batch gradients, the same bits on "
+                                                      "both backends, at every world size, run after run",
+                            choices=REDUCTIONS)
     micro_batch: int = option(8, "reduction", "exact: samples per micro-batch; the global batch is cut into "
                                               "micro-batches whose number every world size must divide",
                               parse=positive_int, metavar="M")
@@ -238,7 +241,8 @@ class Config:
                                              metavar="X")
     channels_last: bool = option(False, "tuning", "model and 4-D inputs in torch.channels_last memory format")
     profile: int = option(0, "tuning", "trace STEPS optimizer steps after 2 warm-up steps into RUN_DIR/profile/ "
-                                       "(DDP: torch.profiler chrome trace of rank 0; Horovod: Horovod timeline); 0: off",
+                                       "(DDP: torch.profiler chrome trace of rank 0; Horovod: Horovod timeline); "
+                                       "0: off",
                           parse=non_negative_int, metavar="STEPS")
 
     def to_dict(self) -> dict:

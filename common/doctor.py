@@ -149,8 +149,8 @@ def check_port_here(port: int, host: str) -> Check:
 def check_port_remote(port: int, host: str, ssh_port: Optional[int], identity: Optional[str]) -> Check:
     """The rendezvous port can be bound on a remote host (checked with its python3 over ssh)."""
     name = f"port {port} on {host}"
-    code, out = run_command(ssh_command(host, ssh_port, identity, ["python3", "-c", shlex.quote(_PORT_FREE.format(port=port))]),
-                     timeout=SSH_CONNECT_TIMEOUT_S + 10)
+    check = ["python3", "-c", shlex.quote(_PORT_FREE.format(port=port))]
+    code, out = run_command(ssh_command(host, ssh_port, identity, check), timeout=SSH_CONNECT_TIMEOUT_S + 10)
     if code == 0:
         return Check(name, True, "free")
     if code == 1:
@@ -287,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "rendezvous port, the network interface and an allreduce between the hosts.")
     parser.add_argument("-H", "--hosts", default="localhost:2",
                         help="hosts and slots as for horovodrun, e.g. node0:4,node1:4")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="the rendezvous port (torchrun's --rdzv-endpoint)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help="the rendezvous port (torchrun's --rdzv-endpoint)")
     parser.add_argument("--ssh-port", type=int, default=None, help="ssh port of the hosts, as horovodrun --ssh-port")
     parser.add_argument("--ssh-identity-file", default=None, help="ssh key, as horovodrun --ssh-identity-file")
     parser.add_argument("--no-allreduce", action="store_true",

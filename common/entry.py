@@ -6,15 +6,22 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from typing import Callable, NoReturn, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, NoReturn, Optional, Sequence, Tuple
 
 from .config import parse_config
 from .faults import sigterm_hold
 from .launch.startup import pause_collector, resume_collector
 
+if TYPE_CHECKING:  # torch comes in after the options are parsed
+    from .loop.backend import Backend
+    from .trainer import Trainer
+
+#: how a backend's program starts: its backend, and how to fit (None: Trainer.fit)
+Start = Callable[[], Tuple["Backend", Optional[Callable[["Trainer"], int]]]]
+
 
 def main(argv: Optional[Sequence[str]], prog: str, description: str,
-         start: Callable[[], Tuple[object, Optional[Callable]]]) -> NoReturn:
+         start: Start) -> NoReturn:
     """Parse `argv`; `start()` imports and builds the backend and says how to fit (None: Trainer.fit).
     Ends the process with its exit code. SIGTERM is held until the input is checked (the options here, the
     data and the model in Trainer.prepare), so every rank names bad input itself."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
-import torch._dynamo  # noqa: F401 - torch.optim imports it with the first optimizer; here it comes in with the
+import torch._dynamo  # torch.optim imports it with the first optimizer; here it comes in with the
 # other imports of a rank's start-up, while the garbage collector sleeps (common.entry, common.launch.startup)
 
 from common.checkpoints import format as ckpt_io
@@ -51,20 +51,21 @@ class Trainer:
         self.config, self.backend, self.prog = config, backend, prog
         self.stop = StopControl(backend, config.timeout, prog)
         self.run_dir: Optional[RunDir] = None  # opened by fit()
-        self.inputs: Optional[Inputs] = None  # what prepare() opens and checks before any collective
-        self.model: Optional[torch.nn.Module] = None  # the model training runs (wrapped by the backend)
-        # The parts setup() builds on the joined job, and where training stands:
         self.threads = 0
-        self.batches: Optional[Batches] = None
-        self.precision: Optional[Precision] = None
-        self.plain_model: Optional[torch.nn.Module] = None  # the model's own module, unwrapped
-        self.optimizer: Optional[torch.optim.Optimizer] = None
-        self.step: Optional[Step] = None
-        self.timer: Optional[StepTimer] = None
-        self.loss_watch: Optional[LossWatch] = None
-        self.profiler: Optional[StepProfiler] = None
-        self.checkpointer: Optional[Checkpointer] = None
-        self.position: Optional[Position] = None
+        # What prepare() opens and checks before any collective (declared here, set there):
+        self.inputs: Inputs
+        # The parts setup() builds on the joined job, and where training stands:
+        self.model: torch.nn.Module  # the model training runs (wrapped by the backend)
+        self.batches: Batches
+        self.precision: Precision
+        self.plain_model: torch.nn.Module  # the model's own module, unwrapped
+        self.optimizer: torch.optim.Optimizer
+        self.step: Step
+        self.timer: StepTimer
+        self.loss_watch: LossWatch
+        self.profiler: StepProfiler
+        self.checkpointer: Checkpointer
+        self.position: Position
 
     # --- the program -------------------------------------------------------------------------------
     def run(self, fit: Optional[Callable[["Trainer"], int]] = None) -> int:
@@ -83,7 +84,7 @@ class Trainer:
             self.say(f"stopped by {signal.Signals(stop.signum).name} at step {stop.step}; checkpoint written, "
                      "continue with --resume auto")
             self.stop.leave_stopped(stop.signum, close=self.close_run_dir)
-        except Exception:  # noqa: BLE001 - any other failure ends this rank, loudly and at once
+        except Exception:  # any other failure ends this rank, loudly and at once
             self.stop.leave_failed()
         finally:
             self.stop.close()
@@ -110,7 +111,7 @@ class Trainer:
             problem = RunDir.check_writable(config.run_dir)
             if problem:
                 fail_usage(self.prog, problem + "; choose another --run-dir")
-        if config.resume not in (None, "auto") and not os.path.isfile(config.resume):
+        if config.resume is not None and config.resume != "auto" and not os.path.isfile(config.resume):
             fail_usage(self.prog, f"--resume {config.resume!r}: no such file; pass a checkpoint file or 'auto'")
         if config.amp == "fp16" and backend.device.type != "cuda":
             fail_usage(self.prog, AMP_FP16_NEEDS_CUDA)
@@ -132,8 +133,9 @@ class Trainer:
               f"threads {self.threads}", flush=True)
         self.batches = Batches(config, self.inputs.train_set, self.inputs.val_set, backend, backend.device)
         self.precision = Precision(config.amp, backend.device)
-        model = self.inputs.model.to(backend.device, memory_format=torch.channels_last if config.channels_last
-                                     else torch.preserve_format)
+        # torch's stubs give Module.to no (device, memory_format) overload; torch takes it (one call, one copy).
+        model = self.inputs.model.to(backend.device, memory_format=torch.channels_last  # type: ignore[call-overload]
+                                     if config.channels_last else torch.preserve_format)
         optimizer = make_optimizer(config, model.parameters())
         if config.exact:  # the step sums gradients itself; rank 0's weights everywhere to start
             backend.broadcast_module(model)
@@ -173,7 +175,7 @@ class Trainer:
         self.profiler.close()
         return self.finish(train, evaluation or self.evaluate())
 
-    def train_epoch(self):
+    def train_epoch(self) -> Tuple[Dict[str, float], Optional[Dict[str, float]]]:
         """Train the rest of the current epoch; returns its training metrics and evaluation (if due)."""
         config, backend, pos, timer = self.config, self.backend, self.position, self.timer
         epoch, accumulate = pos.epoch, config.accumulate
@@ -199,7 +201,7 @@ class Trainer:
                 self.loss_watch.check()
                 loss_value = loss.item()
                 bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
-                self.run_dir.log("step", epoch=epoch, step=pos.step, loss=loss_value, lr=lr, batch=samples,
+                self.files.log("step", epoch=epoch, step=pos.step, loss=loss_value, lr=lr, batch=samples,
                                  data_s=data_s, step_s=step_s, comm_s=comm_s,
                                  wnorm=weight_norms(self.plain_model) if backend.is_main else None)
             if checkpoint_due:
@@ -216,7 +218,7 @@ class Trainer:
         bar.close()
         return self.end_epoch()
 
-    def end_epoch(self):
+    def end_epoch(self) -> Tuple[Dict[str, float], Optional[Dict[str, float]]]:
         """The epoch's metrics over all ranks, its evaluation when due, its log line and checkpoint."""
         config, backend, pos = self.config, self.backend, self.position
         record = {"epoch": pos.epoch, "step": pos.step, **self.timer.end_epoch(self.batches.global_batch)}
@@ -230,8 +232,8 @@ class Trainer:
             evaluation = self.evaluate()
             scores = {f"val_{k}": v for k, v in evaluation.items()}
             record.update(scores)
-            self.run_dir.log("eval", epoch=pos.epoch, step=pos.step, **scores)
-        self.run_dir.log("epoch", **record)
+            self.files.log("eval", epoch=pos.epoch, step=pos.step, **scores)
+        self.files.log("epoch", **record)
         if backend.is_main:
             print(epoch_line(record, self.batches.total_steps), flush=True)
         self.save_checkpoint()
@@ -245,10 +247,10 @@ class Trainer:
 
     def stopped(self, signum: int) -> None:
         """Stop at the agreed signal; the checkpoint of this step is written."""
-        self.run_dir.log("stopped", epoch=self.position.epoch, step=self.position.step, signal=signum)
+        self.files.log("stopped", epoch=self.position.epoch, step=self.position.step, signal=signum)
         raise Interrupted(signum, self.position.step)
 
-    def finish(self, train: Dict, evaluation: Dict) -> int:
+    def finish(self, train: Dict[str, float], evaluation: Dict[str, float]) -> int:
         """Rank 0's buffers everywhere, then summary.json and model.pt (checked for non-finite values)."""
         backend, pos = self.backend, self.position
         backend.broadcast_buffers(self.plain_model)
@@ -257,9 +259,9 @@ class Trainer:
         state = self.plain_model.state_dict()
         summary = summary_record(RunOutcome(self.config, backend, pos, self.batches, self.timer, self.step, train,
                                             evaluation, state))
-        self.run_dir.log("summary", **summary)
-        self.run_dir.save_model(state)
-        self.run_dir.write_json(SUMMARY_FILE, summary)
+        self.files.log("summary", **summary)
+        self.files.save_model(state)
+        self.files.write_json(SUMMARY_FILE, summary)
         if backend.is_main:
             print(done_line(summary, self.config.run_dir), flush=True)
         backend.barrier()
@@ -283,16 +285,16 @@ class Trainer:
             state = self.state_dict()
             path = self.checkpointer.save(state)
             if path:
-                self.run_dir.log("checkpoint", epoch=state["epoch"], step=state["step"], path=path)
+                self.files.log("checkpoint", epoch=state["epoch"], step=state["step"], path=path)
 
     # --- the state of training ---------------------------------------------------------------------
-    def state_dict(self) -> Dict:
+    def state_dict(self) -> Dict[str, Any]:
         """Where training stands, as a checkpoint holds it (a collective: every rank's RNG state and
         partial sums). Built on rank 0 only, unless every rank keeps checkpoints (Horovod elastic)."""
         self.loss_watch.check()
         return self.checkpointer.state(self.position, finished=self.batches.finished(self.position.batch))
 
-    def load_state_dict(self, state: Dict, origin: Optional[str] = None) -> None:
+    def load_state_dict(self, state: Dict[str, Any], origin: Optional[str] = None) -> None:
         """Continue from a checkpoint's state: weights, optimizer, loss scale, RNG and position. At another
         world size (only from an epoch boundary: an epoch's sample order depends on the world size) the
         loaders are rebuilt and the rest of the run is counted at the new world's steps per epoch."""
@@ -308,13 +310,20 @@ class Trainer:
         pos = self.position
         self.run_dir = RunDir(self.config.run_dir, self.backend.is_main, tensorboard=self.config.tensorboard)
         self.run_dir.open(keep_until_step=pos.step if pos.resumed_from else None)
-        self.run_dir.write_json(CONFIG_FILE, config_record(RunSetup(
+        self.files.write_json(CONFIG_FILE, config_record(RunSetup(
             self.config, self.backend, rank_hosts, self.threads, self.inputs, self.batches, self.plain_model,
             self.precision, self.profiler, pos.resumed_from)))
         for note in pos.notes:
-            self.run_dir.log("note", step=pos.step, message=note)
+            self.files.log("note", step=pos.step, message=note)
         # The weights training starts from (after the broadcast or a resume): the step events' wnorm continue it.
-        self.run_dir.log("start", step=pos.step, wnorm=weight_norms(self.plain_model) if self.backend.is_main else None)
+        self.files.log("start", step=pos.step, wnorm=weight_norms(self.plain_model) if self.backend.is_main else None)
+
+    @property
+    def files(self) -> RunDir:
+        """The run directory fit() opened."""
+        if self.run_dir is None:
+            raise RuntimeError("the run directory is written before fit() opened it")
+        return self.run_dir
 
     def close_run_dir(self) -> None:
         """Close the run directory's files, if it was opened."""

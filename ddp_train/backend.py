@@ -12,12 +12,16 @@ import datetime
 import errno
 import os
 import time
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import torch
 
 from common.errors import UsageError
 from common.launch.placement import detect
 from common.loop.backend import Backend
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
 
 
 def _listening_socket(host: str, port: int) -> int:
@@ -77,10 +81,10 @@ class DDPBackend(Backend):
                        "slurm": "slurm", None: "single"}.get(placement.family, placement.family)
         self._rank, self._world = placement.rank, placement.world_size
         self._local_world = placement.local_world_size
-        self._ddp = None
-        self._last_bucket_time = None
+        self._ddp: Optional[DistributedDataParallel] = None
+        self._last_bucket_time: Optional[float] = None
         #: what DDP itself says it was built with (its logging data), read once wrap() has built it
-        self._ddp_built = {}
+        self._ddp_built: Dict[str, Any] = {}
 
     def placement(self):
         return self._placement
@@ -191,7 +195,7 @@ class DDPBackend(Backend):
             "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
             "bucket_cap_mb": self.tuning.config.bucket_mb,
             "ddp_built": self._ddp_built,  # read from DDP once built, not what it was given
-            "divide_by_world_size": HOOK_DIVIDES.get(self._ddp_built.get("hook_averages_with")),
+            "divide_by_world_size": HOOK_DIVIDES.get(self._ddp_built.get("hook_averages_with", "")),
             "comm_hook": "fp16_compress_hook" if self.tuning.config.compression == "fp16" else "allreduce_hook",
             "compression": self.tuning.config.compression,
             "gradient_average": ("float16: divide by world size, then allreduce sum (fp16_compress_hook)"
@@ -216,12 +220,14 @@ class DDPBackend(Backend):
         if "broadcast_buffers" in buffers:  # this torch's DDP leaves them out of its sync at wrap too
             self.broadcast_buffers(model)
         ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=self.tuning.config.bucket_mb, **buffers)
-        reduce = default_hooks.fp16_compress_hook if self.tuning.config.compression == "fp16" else default_hooks.allreduce_hook
+        reduce = (default_hooks.fp16_compress_hook if self.tuning.config.compression == "fp16"
+                  else default_hooks.allreduce_hook)
 
         def timed_allreduce(state, bucket):
             # The allreduce hook (plain or float16), noting when the last bucket was handed to the network.
             self._last_bucket_time = time.perf_counter()
-            return reduce(None, bucket)
+            # None: the default group (the hooks take it; their annotation says ProcessGroup only)
+            return reduce(None, bucket)  # type: ignore[arg-type]
 
         ddp.register_comm_hook(state=None, hook=timed_allreduce)
         self._ddp = ddp

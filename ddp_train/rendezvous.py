@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+from typing import Optional
 
 from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.elastic.rendezvous import (RendezvousHandler, RendezvousInfo, RendezvousParameters,
@@ -28,8 +29,8 @@ class LoopbackRendezvous(RendezvousHandler):
 
     def __init__(self, run_id: str, timeout: datetime.timedelta) -> None:
         self.run_id, self.timeout = run_id, timeout
-        self._store = None
-        self._port = None
+        self._store: Optional[TCPStore] = None
+        self._port = 0  # the store's, once it listens
 
     def get_backend(self) -> str:
         return NAME

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from typing import Any
 
 import torch
 
@@ -84,7 +85,8 @@ class HorovodBackend(Backend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.hvd = None
+        # horovod.torch once check_environment() imported it (Horovod ships no type information: Any)
+        self.hvd: Any = None
         self._launched_as = detect()
 
     def check_environment(self) -> None:
@@ -115,7 +117,8 @@ class HorovodBackend(Backend):
         # --bucket-mb wins over a HOROVOD_FUSION_THRESHOLD from the environment (describe() records both).
         self._env_fusion_threshold = os.environ.get("HOROVOD_FUSION_THRESHOLD")
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(self.fusion_threshold_bytes)
-        if self._env_fusion_threshold not in (None, os.environ["HOROVOD_FUSION_THRESHOLD"]) and self._launched_as.rank == 0:
+        if (self._env_fusion_threshold not in (None, os.environ["HOROVOD_FUSION_THRESHOLD"])
+                and self._launched_as.rank == 0):
             print(f"hvd_train: HOROVOD_FUSION_THRESHOLD={self._env_fusion_threshold} is overridden by --bucket-mb "
                   f"{self.tuning.config.bucket_mb:g} ({self.fusion_threshold_bytes} bytes)", flush=True)
         self._choose_cycle_time()
@@ -224,7 +227,8 @@ class HorovodBackend(Backend):
         # backward_passes_per_step=K: gradients add up locally over K backward passes, then the sum is
         # averaged over ranks (op=Average divides by world size only; the loop divides the loss by K),
         # which is what DDP's no_sync() accumulation gives.
-        compression = layout_preserving(hvd.Compression.fp16 if self.tuning.config.compression == "fp16" else hvd.Compression.none)
+        compression = layout_preserving(hvd.Compression.fp16 if self.tuning.config.compression == "fp16"
+                                        else hvd.Compression.none)
         # --predivide: divide by the world size before the sum, as DDP does (Horovod: gradient_predivide_factor
         # divides by the factor before the sum and by world size / factor after it).
         predivide = float(self.world_size) if self.tuning.config.predivide else 1.0

@@ -7,7 +7,6 @@ import fcntl
 import hashlib
 import io
 import json
-import os
 import re
 import sys
 from pathlib import Path

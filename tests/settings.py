@@ -27,8 +27,8 @@ KNOBS = CONVNET_ADAM + ["--epochs", "3", "--max-steps", "16", "--channels-last",
 ACROSS_HOSTS = ["--model", "mlp", "--threads", "1", "--max-steps", "10"]
 
 #: the registered launchers that run training on this host without Slurm: alone (one process) or through a launcher
-SINGLE = tuple(l.name for l in launch.host_launchers(single_process=True))
-TWO_RANK = tuple(l.name for l in launch.host_launchers())
+SINGLE = tuple(launcher.name for launcher in launch.host_launchers(single_process=True))
+TWO_RANK = tuple(launcher.name for launcher in launch.host_launchers())
 LAUNCHERS = SINGLE + TWO_RANK
 #: launcher options of the shared runs: a user's own Open MPI choice, which hvd_train must keep
 LAUNCHER_ARGS = {"mpirun": ("--mca", "mpi_yield_when_idle", "0")}

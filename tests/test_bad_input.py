@@ -79,7 +79,7 @@ def refused_at_two_ranks(tmp_path_factory) -> Dict[Tuple[str, str], Tuple[Result
     run_dirs = [tmp_path_factory.mktemp(f"{launcher}-{bad}") / "run" for launcher, bad in cases]
     with ThreadPoolExecutor(len(cases)) as pool:
         results = pool.map(lambda case, run_dir: _refused_at_two_ranks(*case, run_dir), cases, run_dirs)
-        return {case: (result, run_dir) for case, result, run_dir in zip(cases, results, run_dirs)}
+        return {case: (result, run_dir) for case, result, run_dir in zip(cases, results, run_dirs, strict=True)}
 
 
 @pytest.mark.parametrize("bad", TWO_RANK_BAD)

@@ -131,7 +131,8 @@ def test_world_size_3_pair_is_equal_within_its_measured_gap(runs, tmp_path):
     ddp, hvd = convnet_run(runs, "torchrun", np=3), convnet_run(runs, "horovodrun-gloo", np=3)
     gap = max_abs_diff(ddp.run["model"], hvd.run["model"])
     assert 0 < gap < 0.5 * ADAM_LR, gap  # apart by rounding, not trained differently
-    result = compare_in_process("--runs", ddp.dir, hvd.dir, "--out", tmp_path, "--tolerance", f"{max(1e-5, 2 * gap):.1e}")
+    result = compare_in_process("--runs", ddp.dir, hvd.dir, "--out", tmp_path,
+                                "--tolerance", f"{max(1e-5, 2 * gap):.1e}")
     assert result.returncode == 0, result.output
     assert f"weights @3: ddp@3#1 vs horovod-gloo@3#1: equal within {gap:.1e}" in result.output
     assert re.search(rf"\*\*equal within {re.escape(f'{gap:.1e}')}\*\*", (tmp_path / "report.md").read_text())
@@ -161,7 +162,8 @@ def test_runs_differing_only_in_seed_are_beyond_the_noise_floor_from_the_first_s
     assert (pair["a"], pair["b"], pair["kind"]) == ("ddp[seed=42]@1#1", "ddp[seed=2]@1#1", "settings")
     assert pair["first_differing_step"] == 1 and pair["trains_differently_from"] == 1
     assert pair["verdict"].startswith("beyond the noise floor: trains differently from step 1"), pair["verdict"]
-    assert pair["max_abs_weight_diff"] == pytest.approx(max_abs_diff(read_run(seed1)["model"], read_run(seed2)["model"]))
+    assert pair["max_abs_weight_diff"] == pytest.approx(max_abs_diff(read_run(seed1)["model"],
+                                                                     read_run(seed2)["model"]))
 
 
 def test_divergence_is_found_at_the_step_it_starts(runs, tmp_path):
@@ -170,7 +172,7 @@ def test_divergence_is_found_at_the_step_it_starts(runs, tmp_path):
     plain, decay = runs("none-ddp", 1, ALONE), runs("none-hvd", 1, ALONE + ["--lr-schedule", "step"])
     losses_a = [e["loss"] for e in plain.run["events"] if e["event"] == "step"]
     losses_b = [e["loss"] for e in decay.run["events"] if e["event"] == "step"]
-    assert next(i + 1 for i, (x, y) in enumerate(zip(losses_a, losses_b)) if x != y) == 12
+    assert next(i + 1 for i, (x, y) in enumerate(zip(losses_a, losses_b, strict=True)) if x != y) == 12
     result = compare_in_process("--runs", plain.dir, decay.dir, "--out", tmp_path, "--noise-floor", "off")
     assert result.returncode == 0, result.output
     summary = json.loads((tmp_path / SUMMARY_FILE).read_text())

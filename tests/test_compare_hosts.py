@@ -60,8 +60,8 @@ def test_host_that_drops_off_fails_its_run_naming_it_and_the_others_complete(clu
     out = tmp_path / "out"
     cmd = on_host("node0", [*COMPARE, "--hosts", "node0:1,node1:1", "--np", "2", "--backends", "ddp,horovod",
                             "--hvd-controllers", "gloo", "--repeats", "1", "--explain", "none", *SHORT,
-                            "--max-steps", "60", "--log-every", "5", "--timeout", str(timeout_s), "--rdzv-port", "29530",
-                            "--out", str(out)])
+                            "--max-steps", "60", "--log-every", "5", "--timeout", str(timeout_s),
+                            "--rdzv-port", "29530", "--out", str(out)])
     proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     lines, link_down_at, failed_after = [], None, None
@@ -95,8 +95,9 @@ def test_host_that_drops_off_fails_its_run_naming_it_and_the_others_complete(clu
 
 def test_ctrl_c_stops_the_run_on_every_host(cluster, tmp_path):
     out = tmp_path / "interrupted"
-    cmd = on_host("node0", [*COMPARE, "--hosts", "node0:1,node1:1", "--np", "2", "--backends", "ddp", "--repeats", "1",
-                            *SHORT, "--epochs", "100000", "--log-every", "5", "--rdzv-port", "29550", "--out", str(out)])
+    cmd = on_host("node0", [*COMPARE, "--hosts", "node0:1,node1:1", "--np", "2", "--backends", "ddp",
+                            "--repeats", "1", *SHORT, "--epochs", "100000", "--log-every", "5",
+                            "--rdzv-port", "29550", "--out", str(out)])
     with Job(cmd, env=job_env(), cwd=REPO) as job:
         assert job.wait_for(r"ddp@2#1 epoch 1 step \d+", timeout=120), job.output[-3000:]
         assert job_processes(str(out)), "ranks run on both hosts"

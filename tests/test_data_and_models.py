@@ -70,7 +70,7 @@ def test_model_registry_adapts_to_dataset_shapes():
             assert out.shape == (2, classes), (name, channels, size)
     # Same seed, same weights: the start every rank and backend shares.
     a, b = build_model("convnet", 1, 8, 10, seed=3), build_model("convnet", 1, 8, 10, seed=3)
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 def test_options_offer_exactly_what_the_registries_build():
@@ -139,6 +139,6 @@ def test_in_memory_loaders_fetch_whole_batches_with_per_sample_values(dataset, k
     for fast, plain in ((train_loader, per_sample_train), (val_loader, per_sample_val)):
         fast_batches, plain_batches = list(fast), list(plain)
         assert len(fast_batches) == len(plain_batches) == len(fast) > 1
-        for (images, labels), (ref_images, ref_labels) in zip(fast_batches, plain_batches):
+        for (images, labels), (ref_images, ref_labels) in zip(fast_batches, plain_batches, strict=True):
             assert images.dtype == ref_images.dtype and labels.dtype == ref_labels.dtype
             assert torch.equal(images, ref_images) and torch.equal(labels, ref_labels)

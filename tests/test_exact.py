@@ -137,7 +137,8 @@ def test_fixed_point_sums_do_not_depend_on_their_grouping():
     from common.exact.fixedpoint import HEADROOM_BITS, MAGNITUDE_BITS
     scale = torch.tensor([2.0 ** (MAGNITUDE_BITS - fixed.sum_bits - HEADROOM_BITS - e) for e in fixed.exponents],
                          dtype=torch.float64).repeat_interleave(torch.tensor([60, 40]))
-    assert all(torch.equal(i, torch.round(g.double() * scale).to(torch.int64)) for i, g in zip(integers, grads))
+    assert all(torch.equal(i, torch.round(g.double() * scale).to(torch.int64))
+               for i, g in zip(integers, grads, strict=True))
     by_three = sum((sum(integers[i:i + 4]) for i in range(0, 12, 4)), torch.zeros(100, dtype=torch.int64))
     in_order = sum(integers, torch.zeros(100, dtype=torch.int64))
     assert torch.equal(by_three, in_order)
@@ -183,7 +184,7 @@ def test_fixed_point_integers_are_those_of_float64_at_every_scale():
     plain[:6] = torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5, 3.5]) * step
     plain[6:8] = torch.nextafter(plain[:2], torch.zeros(2))
     grads = [tiny, huge, plain]
-    expected = torch.cat([torch.round(g.double() * 2.0 ** k).to(torch.int64) for g, k in zip(grads, ks)])
+    expected = torch.cat([torch.round(g.double() * 2.0 ** k).to(torch.int64) for g, k in zip(grads, ks, strict=True)])
     written = torch.full((150,), 7, dtype=torch.int64)  # whatever was there before
     fixed.add_integers(grads, written, first=True)
     assert torch.equal(written, expected)
@@ -250,10 +251,10 @@ def test_the_integer_sums_start_bucket_by_bucket_while_the_last_backward_runs():
     fixed = FixedPoint([p.numel() for p in reference.parameters()], 4)
     fixed.exponents = scales
     total = torch.zeros(sum(p.numel() for p in reference.parameters()), dtype=torch.int64)
-    for i, (x, y) in enumerate(zip(batches[1][0].split(4), batches[1][1].split(4))):
+    for i, (x, y) in enumerate(zip(batches[1][0].split(4), batches[1][1].split(4), strict=True)):
         reference.zero_grad()
         torch.nn.functional.cross_entropy(reference(x), y).backward()
         fixed.add_integers([p.grad for p in reference.parameters()], total, first=i == 0)
     expected = [torch.empty_like(p) for p in reference.parameters()]
     fixed.mean_into(total, 4, expected)
-    assert all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected))
+    assert all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected, strict=True))

@@ -365,7 +365,8 @@ def rank_slow(tmp_path_factory) -> Dict[str, Ended]:
             run_dir = folder / "run"
             jobs[launcher] = (cleanup.enter_context(Job(command(launcher, 2, SLOW_RANK + ["--run-dir", str(run_dir)]),
                                                         cwd=folder)), run_dir)
-        return {launcher: Ended(run_dir, job.ended_within(240), job.output) for launcher, (job, run_dir) in jobs.items()}
+        return {launcher: Ended(run_dir, job.ended_within(240), job.output)
+                for launcher, (job, run_dir) in jobs.items()}
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "horovodrun-gloo"])

@@ -246,7 +246,7 @@ def bad_factory_jobs(folder, tmp_path_factory):
         return alone.output, alone.returncode, alone.seconds, run_dir
 
     with ThreadPoolExecutor(3) as pool:
-        return dict(zip(BAD_FACTORIES, pool.map(launch_case, BAD_FACTORIES)))
+        return dict(zip(BAD_FACTORIES, pool.map(launch_case, BAD_FACTORIES), strict=True))
 
 
 @pytest.mark.parametrize("case", list(BAD_FACTORIES))

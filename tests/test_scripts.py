@@ -39,7 +39,8 @@ SCRIPTS = {
                                      ("model = DDP(model)", "model = DDP(model, init_sync=False)"))),
     "ddp_summed.py": ("train_ddp.py", (("model = DDP(model)\n", SUMMED_HOOK),)),
     # SGD with weight decay on both sides: Horovod's broadcast_optimizer_state takes a step on a fresh optimizer
-    "horovod_decay.py": ("train_horovod.py", (("momentum=args.momentum)", "momentum=args.momentum, weight_decay=0.01)"),)),
+    "horovod_decay.py": ("train_horovod.py",
+                         (("momentum=args.momentum)", "momentum=args.momentum, weight_decay=0.01)"),)),
     "ddp_decay.py": ("train_ddp.py", (("momentum=args.momentum)", "momentum=args.momentum, weight_decay=0.01)"),)),
 }
 
@@ -144,7 +145,7 @@ def test_a_disturbed_script_run_starts_one_ulp_away_and_says_so(faithful):
                     if json.loads(line)["event"] == "start")
 
     plain, moved = start(out / "runs" / "ddp-np3-r1"), start(run_dir)
-    gaps = [abs(a - b) / a for a, b in zip(plain["wnorm"], moved["wnorm"]) if a]
+    gaps = [abs(a - b) / a for a, b in zip(plain["wnorm"], moved["wnorm"], strict=True) if a]
     assert gaps and all(0 < g < 2.0 ** -20 for g in gaps), gaps  # every tensor moved, by about an ulp
     assert len(moved["ranks"]) == 3 and all(r == moved["ranks"][0] for r in moved["ranks"])  # on every rank alike
 
@@ -238,7 +239,7 @@ def test_what_the_probe_cannot_follow_is_refused_in_one_line(folder, script, say
     lines = [line for line in result.output.splitlines() if "probe: error:" in line]
     assert lines and all(says in line for line in lines), result.output[-3000:]
     # torchrun reports the failed ranks with its own traceback; neither the probe nor the script raised
-    assert script not in "".join(l for l in result.output.splitlines(True) if l.lstrip().startswith("File "))
+    assert script not in "".join(line for line in result.output.splitlines(True) if line.lstrip().startswith("File "))
     assert "common/probe" not in result.output
 
 

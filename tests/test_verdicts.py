@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-# The first test's setup can be make demo's comparison, minutes while another worker runs too.
-pytestmark = pytest.mark.timeout(900)
-
 from launched import compare_in_process, read_run
 from settings import DEMO
 from test_compare import assert_real_image, compare
 from common.rundir.names import SUMMARY_FILE
+
+# The first test's setup can be make demo's comparison, minutes while another worker runs too.
+pytestmark = pytest.mark.timeout(900)
 
 #: Adam where a 20% higher learning rate ends "within" a one-sample floor of final weights
 ADAM = ["--model", "convnet", "--dataset", "digits", "--optimizer", "adam", "--batch-size", "12", "--seed", "31",
@@ -47,7 +47,7 @@ def pair_gaps(a: dict, b: dict) -> dict:
         return abs(x - y) / max(abs(x), abs(y)) if x != y else 0.0
 
     fa, fb = fingerprints(a), fingerprints(b)
-    weights = {s: max(relative(x, y) for x, y in zip(fa[s], fb[s])) for s in fa if s in fb}
+    weights = {s: max(relative(x, y) for x, y in zip(fa[s], fb[s], strict=True)) for s in fa if s in fb}
     return {"loss": relative_gaps(a, b), "weights": weights}
 
 

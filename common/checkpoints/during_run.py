@@ -65,7 +65,7 @@ class Checkpointer:
             loaded, path, problems = ckpt_io.find_newest_valid(self.run_dir)
             for problem in problems:
                 self.say(f"skipping checkpoint: {problem}")
-            if loaded is None:
+            if loaded is None or path is None:  # both or neither
                 self.say(f"--resume auto: no valid checkpoint in {self.run_dir}; starting fresh")
                 return None
         else:
@@ -88,20 +88,20 @@ class Checkpointer:
         backend = self.backend
         gathered = backend.all_gather_object((torch.get_rng_state(), position.meter.values(),
                                               nonfinite_tensors(self.model)))
-        rng, meters, bad = zip(*gathered)
+        rng, meters, bad = zip(*gathered, strict=True)
         refuse_nonfinite(list(bad), position.step, "checkpoint")
         if not (backend.is_main or self.every_rank_keeps):
             return {"step": position.step}
-        epoch, batch = position.epoch, position.batch
+        epoch, batch, kept_meters = position.epoch, position.batch, list(meters)
         if finished:  # a finished epoch continues at the start of the next one
-            epoch, batch, meters = epoch + 1, 0, [position.meter.emptied().values()] * len(meters)
+            epoch, batch, kept_meters = epoch + 1, 0, [position.meter.emptied().values()] * len(meters)
         return {
             "format": ckpt_io.FORMAT,
             "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "epoch": epoch, "batch": batch, "step": position.step,
             "world_size": backend.world_size, "backend": backend.name,
-            "settings": self.settings, "rng": list(rng), "meter": list(meters),
+            "settings": self.settings, "rng": list(rng), "meter": kept_meters,
             "scaler": self.precision.state_dict(), "step_state": self.step.state_dict(),
         }
 

@@ -129,7 +129,7 @@ def prune(run_dir: str, keep: int) -> None:
 def find_newest_valid(run_dir: str) -> Tuple[Optional[Dict], Optional[str], List[str]]:
     """(checkpoint, path, problems): the newest checkpoint that verifies, and why each newer one
     was passed over. (None, None, problems) when there is none."""
-    problems = []
+    problems: List[str] = []
     for path in list_checkpoints(run_dir):
         try:
             return check_format(verified_load(path), path), path, problems

@@ -47,9 +47,11 @@ class BucketedSum:
 
     def added(self, index: int) -> None:
         """Tensor `index` has every micro-batch of this rank added: start each bucket now complete, in order."""
+        start, integers = self._start, self._integers
+        assert start is not None and integers is not None, "begin() comes first"
         self._missing[self._bucket_of[index]] -= 1
         while self._started < len(self.buckets) and self._missing[self._started] == 0:
-            self._waits.append(self._start(self._integers[self._slices[self._started]]))
+            self._waits.append(start(integers[self._slices[self._started]]))
             self._started += 1
 
     def wait(self) -> None:

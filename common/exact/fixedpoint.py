@@ -47,7 +47,7 @@ class FixedPoint:
         """Whether gradients with these per-tensor largest magnitudes fit the current scales."""
         if self.exponents is None:
             return False
-        return all(_exponent(m) <= e + HEADROOM_BITS for m, e in zip(maxima.tolist(), self.exponents))
+        return all(_exponent(m) <= e + HEADROOM_BITS for m, e in zip(maxima.tolist(), self.exponents, strict=True))
 
     def rescale(self, maxima: torch.Tensor) -> None:
         """Scales for gradients whose per-tensor largest magnitudes are `maxima` (the same on every rank)."""
@@ -56,6 +56,7 @@ class FixedPoint:
     def _ks(self) -> List[int]:
         """Per tensor, the k of its scale 2**k: a tensor's largest element, grown by up to HEADROOM_BITS, maps below
         2**(62 - sum_bits), so the sum over all micro-batches stays below 2**62."""
+        assert self.exponents is not None, "rescale() sets the scales before any conversion"
         return [MAGNITUDE_BITS - self.sum_bits - HEADROOM_BITS - e for e in self.exponents]
 
     # --- the conversions ----------------------------------------------------------------------------
@@ -103,7 +104,7 @@ class FixedPoint:
         One division rounds the same real number as multiplying by 2**-k (exact) and then dividing by `count` would,
         so the bits are those of the mean. One pass per tensor: the divisor is a float64 tensor, so the integers are
         divided in float64 (a Python float would make it float32) and only the quotient is rounded to float32."""
-        for grad, k, start, size in zip(grads, self._ks(), self.offsets, self.sizes):
+        for grad, k, start, size in zip(grads, self._ks(), self.offsets, self.sizes, strict=True):
             divisor = torch.tensor(count * 2.0 ** k, dtype=torch.float64)
             torch.div(total[start:start + size], divisor, out=grad.view(-1))
 

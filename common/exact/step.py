@@ -86,11 +86,11 @@ class ExactStep:
         """Compute, sum and apply the gradients of `step`; add the step's global metrics to `meter`.
         Returns (the mean loss over the global batch, samples in the global batch)."""
         (images, labels), = group
-        shards = list(zip(images.split(self.micro_batch), labels.split(self.micro_batch)))
+        shards = list(zip(images.split(self.micro_batch), labels.split(self.micro_batch), strict=True))
         while True:
             exchanged, integers, fitted = self._micro_batches(shards, step)
             self._timed(self.sums.wait)  # the integer sums the last micro-batch started
-            self._timed(lambda: self.backend.all_reduce_(exchanged))
+            self._timed(functools.partial(self.backend.all_reduce_, exchanged))
             maxima = exchanged[self._maxima].view(self.world, -1).max(dim=0).values
             if not bool(torch.isfinite(maxima).all()):
                 raise NonFinite(f"a gradient is not finite at step {step + 1}; stopping without writing a checkpoint "
@@ -98,10 +98,12 @@ class ExactStep:
             if fitted and not bool(exchanged[self._unfit].any()):
                 break
             self.fixed.rescale(maxima)  # a gradient outgrew its scale (or the first step): again, to scale
+        grads: List[torch.Tensor] = []
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.empty_like(p)
-        self.fixed.mean_into(integers, self.count, [p.grad for p in self.params])
+            grads.append(p.grad)
+        self.fixed.mean_into(integers, self.count, grads)
         self.fixed.rescale(maxima)  # the next step's scales, from this step's largest gradients
         if self.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
@@ -137,8 +139,8 @@ class ExactStep:
             starts = scaled and i == len(shards) - 1
             if starts:
                 self.sums.begin(integers, self.backend.all_reduce_start_)
-            self._micro = _MicroBatch(integers, local_maxima, first=i == 0, scaled=scaled, starts=starts,
-                                      added=[False] * len(self.params))
+            self._micro = micro = _MicroBatch(integers, local_maxima, first=i == 0, scaled=scaled, starts=starts,
+                                              added=[False] * len(self.params))
             try:
                 with self.stats.capture(stats[index]):  # around backward too: it reads the running statistics
                     with self.precision.autocast():
@@ -146,8 +148,8 @@ class ExactStep:
                         loss = F.cross_entropy(logits, y)
                     loss.backward()  # each gradient's integers are added as soon as it is done (_gradient_done)
                 for t, p in enumerate(self.params):  # the tensors backward gave no gradient
-                    if not self._micro.added[t]:
-                        self._add(t, p.grad if p.grad is not None else torch.zeros_like(p))
+                    if not micro.added[t]:
+                        self._add(micro, t, p.grad if p.grad is not None else torch.zeros_like(p))
             finally:
                 self._micro = None
             fitted = fitted and self.fixed.fits(local_maxima)  # if not, the integers are of no use
@@ -159,13 +161,14 @@ class ExactStep:
 
     def _gradient_done(self, index: int, param: torch.Tensor) -> None:
         """Backward has finished the gradient of parameter `index` in one of this step's micro-batches."""
-        if self._micro is not None:  # not a backward of this step's (none runs elsewhere in exact mode)
-            self._add(index, param.grad)
+        # Not a backward of this step's when there is no micro-batch (none runs elsewhere in exact mode); the
+        # hook runs once the gradient is there.
+        if self._micro is not None and param.grad is not None:
+            self._add(self._micro, index, param.grad)
 
-    def _add(self, index: int, grad: torch.Tensor) -> None:
-        """Tensor `index`'s gradient in the running micro-batch: its largest magnitude and its integers; then
-        the bucket sums that are complete start."""
-        micro = self._micro
+    def _add(self, micro: _MicroBatch, index: int, grad: torch.Tensor) -> None:
+        """Tensor `index`'s gradient in the running micro-batch `micro`: its largest magnitude and its integers;
+        then the bucket sums that are complete start."""
         micro.maxima[index] = torch.maximum(micro.maxima[index], tensor_maxima([grad])[0])
         if micro.scaled:
             self.fixed.add_tensor_integers(index, grad, micro.integers, first=micro.first)

@@ -18,11 +18,11 @@ address). It says nothing but a rank, a step and what the rank does.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -110,7 +110,7 @@ class Liveness:
 
     def know(self, cards: Sequence[Tuple[Address, str, int]]) -> None:
         """Every rank's card, in rank order (from a collective at start-up)."""
-        self.peers = [tuple(address) for address, _, _ in cards]
+        self.peers = [(str(address[0]), int(address[1])) for address, _, _ in cards]
         self.hosts = [host for _, host, _ in cards]
         self.pids = [int(pid) for _, _, pid in cards]
 
@@ -141,7 +141,7 @@ class Liveness:
             ranks = ", ".join(str(p.rank) for p in silent)
             if len(set(self.hosts)) > 1:  # across hosts, the host is what a user goes to look at
                 ranks += f" ({', '.join(sorted({p.host for p in silent}))})"
-            reasons = "; ".join(sorted({p.silent for p in silent}))
+            reasons = "; ".join(sorted({p.silent for p in silent if p.silent}))
             return f"rank{'s' if len(silent) > 1 else ''} {ranks} stopped taking part ({reasons}; {here})"
         where = ", ".join(f"rank {p.rank} is alive and {p.where()}" for p in states)
         return f"every rank answers: {where}; {here}"

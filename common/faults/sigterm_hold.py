@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import List, Optional
+from types import FrameType
+from typing import Any, Callable, List, Optional, Union
+
+#: what signal.signal takes and returns: a function, SIG_DFL or SIG_IGN, or None (a handler not set from Python)
+Handler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
 
 _held: List[int] = []
-_previous: Optional[object] = None
+_previous: Handler = None
 
 
 def hold() -> None:

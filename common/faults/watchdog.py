@@ -60,7 +60,8 @@ class CollectiveWatchdog:
             if waited > self.timeout_s:
                 self.on_timeout(waited)
                 return
-            if self.gone is not None and waited >= GONE_CHECK_AFTER_S and now >= next_gone_check:
+            if (self.gone is not None and self.on_gone is not None and waited >= GONE_CHECK_AFTER_S
+                    and now >= next_gone_check):
                 gone = self.gone()
                 if gone and self.activity.waits and not self._stopped.is_set():
                     self.on_gone(gone)

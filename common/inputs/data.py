@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, SequentialSampler,
@@ -25,6 +25,11 @@ VAL_FRACTION = 0.2
 SYNTHETIC_KEEP_BYTES = 128 * 2**20
 
 
+def samples_in(dataset: Dataset) -> int:
+    """How many samples a map-style dataset holds (open_datasets refuses one without a length)."""
+    return len(dataset)  # type: ignore[arg-type]  # torch's Dataset declares no __len__; map-style ones define it
+
+
 @dataclass(frozen=True)
 class DataInfo:
     """Shape of the samples a dataset yields, which the model adapts to; for a dataset made by a factory,
@@ -38,7 +43,7 @@ class DataInfo:
 
 def _seeded_split(dataset: Dataset, seed: int) -> Tuple[Subset, Subset]:
     """Split into train/validation with a permutation drawn from `seed` (same on every rank)."""
-    n = len(dataset)
+    n = samples_in(dataset)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     n_val = max(1, int(round(n * VAL_FRACTION)))
     return Subset(dataset, order[n_val:]), Subset(dataset, order[:n_val])
@@ -117,6 +122,7 @@ def _synthetic(config: Config, natural_image_size: int):
 def _require_dir(config: Config) -> str:
     """--data-dir, checked to be a readable directory."""
     check_data_dir(config)
+    assert config.data_dir is not None  # check_data_dir refuses a file dataset without one
     return config.data_dir
 
 
@@ -128,7 +134,7 @@ def _mnist(config: Config):
     try:
         train = datasets.MNIST(root, train=True, download=False, transform=tf)
         val = datasets.MNIST(root, train=False, download=False, transform=tf)
-    except Exception as exc:  # noqa: BLE001 - any reader failure (short file, bad header) is bad data
+    except Exception as exc:  # any reader failure (short file, bad header) is bad data
         raise UsageError(f"cannot read MNIST under --data-dir {root!r} ({exc}); it needs "
                          f"MNIST/raw/{{train,t10k}}-{{images-idx3,labels-idx1}}-ubyte") from None
     return train, val, DataInfo(1, 28, 10)
@@ -168,7 +174,7 @@ def _cifar10(config: Config):
     try:
         train = reader(root, train=True, download=False, transform=tf)
         val = reader(root, train=False, download=False, transform=tf)
-    except Exception as exc:  # noqa: BLE001 - any reader failure (pickle, shape, missing key) is bad data
+    except Exception as exc:  # any reader failure (pickle, shape, missing key) is bad data
         raise UsageError(f"cannot read CIFAR-10 under --data-dir {root!r} ({exc}); it needs "
                          "cifar-10-batches-py/ with data_batch_1..5, test_batch, batches.meta") from None
     return train, val, DataInfo(3, 32, 10)
@@ -225,7 +231,7 @@ def _from_factory(config: Config):
     if not (isinstance(made, (tuple, list)) and len(made) == 2):
         raise UsageError(f"{name} returned {_kind(made)}; return (train, val), two map-style datasets")
     shapes = []
-    for split, dataset in zip(("train", "val"), made):
+    for split, dataset in zip(("train", "val"), made, strict=True):
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise UsageError(f"{name}: its {split} set is {_kind(dataset)}, not a map-style dataset (__getitem__ "
                              "and __len__)")
@@ -251,7 +257,7 @@ def _sample_shape(name: str, split: str, dataset) -> torch.Size:
     """The input shape of a dataset's first sample, after checking the sample is (tensor, int label)."""
     try:
         sample = dataset[0]
-    except Exception as exc:  # noqa: BLE001 - reading a sample is the user's code
+    except Exception as exc:  # reading a sample is the user's code
         raise UsageError(f"{name}: reading {split}[0] raised {describe_exception(exc)}") from None
     if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
         raise UsageError(f"{name}: {split}[0] is {_kind(sample)}; each sample must be (input tensor, int label)")
@@ -293,7 +299,7 @@ class ShardedValidation(Subset):
     no padding, so reduced sums and counts give the exact metric."""
 
     def __init__(self, dataset: Dataset, rank: int, world_size: int):
-        super().__init__(dataset, list(range(rank, len(dataset), world_size)))
+        super().__init__(dataset, list(range(rank, samples_in(dataset), world_size)))
 
 
 class ResumableSampler(DistributedSampler):
@@ -362,18 +368,21 @@ def _loader(dataset: Dataset, sampler, batch_size: int, **options) -> DataLoader
 
 
 def make_loaders(config: Config, train: Dataset, val: Dataset, rank: int, world_size: int,
-                 pin_memory: bool, batch_size: Optional[int] = None, global_batch: Optional[int] = None):
+                 pin_memory: bool, batch_size: Optional[int] = None, global_batch: Optional[int] = None
+                 ) -> Tuple[DataLoader, DataLoader, Union[ResumableSampler, GlobalBatchSampler]]:
     """Train loader over a DistributedSampler (seeded, padded so every rank has the same number of
     steps) in batches of `batch_size` (default --batch-size), or, given `global_batch` (--reduction
     exact), over a GlobalBatchSampler; and a validation loader over this rank's exact shard."""
     batch_size = batch_size or config.batch_size
-    options = dict(num_workers=config.workers, pin_memory=pin_memory, persistent_workers=config.workers > 0)
+    options: Dict[str, Any] = dict(num_workers=config.workers, pin_memory=pin_memory,
+                                   persistent_workers=config.workers > 0)
+    sampler: Union[ResumableSampler, GlobalBatchSampler]
     if global_batch is None:
         sampler = ResumableSampler(train, num_replicas=world_size, rank=rank, shuffle=True,
                                    seed=config.seed, drop_last=False)
         train_loader = _loader(train, sampler, batch_size, **options)
     else:
-        sampler = GlobalBatchSampler(len(train), global_batch, rank, world_size, config.seed)
+        sampler = GlobalBatchSampler(samples_in(train), global_batch, rank, world_size, config.seed)
         train_loader = (DataLoader(train, batch_size=None, sampler=sampler, **options) if fetches_whole_batches(train)
                         else DataLoader(train, batch_sampler=sampler, **options))
     shard = ShardedValidation(val, rank, world_size)

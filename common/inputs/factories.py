@@ -74,7 +74,7 @@ class Factory:
             return self.function(**kwargs)
         except UsageError:
             raise
-        except Exception as exc:  # noqa: BLE001 - whatever user code raises is reported, not a traceback
+        except Exception as exc:  # whatever user code raises is reported, not a traceback
             raise UsageError(f"{self.option} {self.spec} raised {describe_exception(exc)}") from None
 
 
@@ -115,14 +115,15 @@ def load(spec: str, option: str) -> Factory:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
+    except Exception as exc:  # any import failure is the plugin's
         raise UsageError(f"{option} {spec}: cannot import {module_name!r}: {describe_exception(exc)}; run from the "
                          "folder that holds it or install it") from None
     function = getattr(module, attribute, None)
     if function is None:
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
         close = difflib.get_close_matches(attribute, names, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; it defines {', '.join(names[:8]) or 'nothing callable'}"
+        hint = (f"; did you mean {', '.join(close)}?" if close
+                else f"; it defines {', '.join(names[:8]) or 'nothing callable'}")
         raise UsageError(f"{option} {spec}: module {module_name!r} ({getattr(module, '__file__', '?')}) has no "
                          f"{attribute!r}{hint}")
     if not callable(function):
@@ -151,9 +152,9 @@ def torchvision_factory(name: str) -> Factory:
 
     def build(num_classes: int, channels: int, image_size: int, **kwargs):
         if channels != 3:
-            raise UsageError(f"--model {TORCHVISION}:{name} takes 3-channel images, the dataset gives {channels}; use a "
-                             "3-channel dataset (synthetic, cifar10, imagefolder)")
+            raise UsageError(f"--model {TORCHVISION}:{name} takes 3-channel images, the dataset gives {channels}; "
+                             "use a 3-channel dataset (synthetic, cifar10, imagefolder)")
         return builder(weights=None, num_classes=num_classes, **kwargs)
 
-    build.__wrapped__ = builder  # its record names torchvision's source file
+    build.__dict__["__wrapped__"] = builder  # its record names torchvision's source file (inspect.unwrap)
     return Factory(f"{TORCHVISION}:{name}", "--model", build)

@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from common.errors import UsageError
+from .data import samples_in
 from .factories import describe_exception
 
 TRIAL_SAMPLES = 2  # BatchNorm in training mode needs more than one value per channel
@@ -27,13 +28,13 @@ def check_trainable(model: nn.Module, name: str, train: Dataset, num_classes: in
     """Run one forward and backward of a copy of `model` on the first training samples; UsageError naming
     what stops it from training, or from training the same way under both backends."""
     trial = copy.deepcopy(model).train()
-    batch = default_collate([train[i] for i in range(min(TRIAL_SAMPLES, len(train)))])
+    batch = default_collate([train[i] for i in range(min(TRIAL_SAMPLES, samples_in(train)))])
     inputs, labels = batch[0], torch.as_tensor(batch[1])
     buffers = {key: value.clone() for key, value in _other_buffers(trial)}
     with torch.random.fork_rng(devices=[]):
         try:
             out = trial(inputs)
-        except Exception as exc:  # noqa: BLE001 - the model's own code
+        except Exception as exc:  # the model's own code
             raise UsageError(f"--model {name} fails on the dataset's inputs of shape {tuple(inputs.shape[1:])} "
                              f"({inputs.dtype}): {describe_exception(exc)}") from None
         if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != inputs.shape[0] \

@@ -34,7 +34,7 @@ def perturb_ulp(model: torch.nn.Module, ulps: int, pattern: int = AWAY) -> None:
     a disturbance). Every element of a tensor moves the same way, so each tensor's norm moves by about `ulps`
     ulps: the per-step weight fingerprint (common.loop.fingerprint) sees the disturbance from the first step."""
     params = [p for p in model.parameters() if p.is_floating_point()]
-    for param, away in zip(params, directions(pattern, len(params))):
+    for param, away in zip(params, directions(pattern, len(params)), strict=True):
         target = torch.where(param > 0, float("inf"), float("-inf")) if away else torch.zeros_like(param)
         for _ in range(ulps):
             param.copy_(torch.where(param != 0, torch.nextafter(param, target.to(param.dtype)), param))
@@ -65,7 +65,8 @@ class GradientDisturbance:
             grad = param.grad
             if grad is None or grad.is_sparse or not grad.is_floating_point():
                 continue
-            _, exponent = torch.frexp(grad)  # grad = m * 2**exponent, 0.5 <= |m| < 1: one ulp is 2**(exponent - bits - 1)
+            # grad = m * 2**exponent, 0.5 <= |m| < 1: one ulp is 2**(exponent - bits - 1)
+            _, exponent = torch.frexp(grad)
             ulp = torch.ldexp(torch.ones_like(grad), torch.clamp(exponent - (bits + 1), min=smallest))
             up = torch.randint(0, 2, grad.shape, generator=draw).to(grad.device, torch.bool)
             grad.add_(torch.where(grad == 0, 0.0, torch.where(up, ulp, -ulp)))
@@ -74,6 +75,6 @@ class GradientDisturbance:
 def gradient_disturbance(ulps: int, pattern: int, precision: Optional[str]) -> Optional[GradientDisturbance]:
     """The gradient disturbance of a disturbed run (`ulps` > 0) whose gradients are rounded at `precision` (None or
     float32: none, the initial weights' disturbance is at float32 already)."""
-    if not ulps or precision in (None, "float32"):
+    if not ulps or precision is None or precision == "float32":
         return None
     return GradientDisturbance(precision, pattern)

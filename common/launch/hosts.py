@@ -41,7 +41,7 @@ def resolve(host: str) -> List[str]:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror:
         return []
-    addrs = [info[4][0].split("%")[0] for info in infos]  # no IPv6 scope suffix (fe80::1%eth0)
+    addrs = [str(info[4][0]).split("%")[0] for info in infos]  # no IPv6 scope suffix (fe80::1%eth0)
     return sorted(set(addrs), key=lambda a: (":" in a, addrs.index(a)))
 
 

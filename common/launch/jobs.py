@@ -110,6 +110,7 @@ class Job:
         self._reader.start()
 
     def _read(self) -> None:
+        assert self.proc.stdout is not None  # started with stdout=PIPE
         for line in self.proc.stdout:
             self.lines.append(line)
             if self._log is not None:
@@ -172,8 +173,13 @@ class Job:
 
     def wait_for(self, pattern: str, timeout: float) -> Optional[re.Match]:
         """The first match of `pattern` in the output, waiting up to `timeout` seconds for it."""
-        found = []
-        self.wait_until(lambda: found.append(re.search(pattern, self.output)) or found[-1], timeout)
+        found: List[Optional[re.Match]] = []
+
+        def matched() -> bool:
+            found.append(re.search(pattern, self.output))
+            return found[-1] is not None
+
+        self.wait_until(matched, timeout)
         return found[-1] if found else None
 
     def family(self) -> List[psutil.Process]:

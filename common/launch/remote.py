@@ -31,7 +31,8 @@ SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOU
                "-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3")
 #: variables a remote command gets from this host: the tools' PATH and the settings of the libraries
 #: that choose interfaces and threads
-FORWARDED = re.compile(r"^(PATH|PYTHONPATH|PYTHONUNBUFFERED|PYTHONSAFEPATH|(GLOO|NCCL|TORCH|HOROVOD|OMP|MKL|HVD_DDP_COMPARE)_\w+)$")
+FORWARDED = re.compile(r"^(PATH|PYTHONPATH|PYTHONUNBUFFERED|PYTHONSAFEPATH"
+                       r"|(GLOO|NCCL|TORCH|HOROVOD|OMP|MKL|HVD_DDP_COMPARE)_\w+)$")
 #: seconds the other hosts' commands get to end by themselves once one host's command failed (they
 #: usually fail at once, with messages of their own) before they are stopped
 PEERS_GRACE_S = 5.0

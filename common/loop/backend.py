@@ -14,7 +14,7 @@ import functools
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Sequence
 
 import torch
 
@@ -113,7 +113,7 @@ class Backend(abc.ABC):
         return socket.gethostname()
 
     # --- lifecycle -----------------------------------------------------------------------
-    def check_environment(self) -> None:
+    def check_environment(self) -> None:  # noqa: B027 - optional: a backend with nothing to check keeps it
         """Raise common.errors.UsageError when this backend cannot run here (before init)."""
 
     def configure(self, tuning: Tuning) -> None:
@@ -125,7 +125,7 @@ class Backend(abc.ABC):
         """Join the job (collective). Called once, after inputs were checked and select_device().
         A collective that waits longer than `timeout_s` for another rank fails instead of hanging."""
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - optional: a backend with nothing to leave keeps it
         """Leave the job cleanly."""
 
     def describe(self) -> Dict[str, Any]:

@@ -29,17 +29,18 @@ class LossWatch:
 
     def observe(self, loss: torch.Tensor, step: int) -> None:
         """Record step `step`'s loss; on CPU a non-finite one raises NonFinite at once."""
-        if not self.on_device:
+        first_bad_step = self.first_bad_step
+        if first_bad_step is None:  # on CPU
             value = loss.item()
             if not math.isfinite(value):
                 raise NonFinite(_loss_message(value, step))
             return
         bad = ~torch.isfinite(loss.detach())
-        self.first_bad_step = torch.where(bad & (self.first_bad_step < 0), step, self.first_bad_step)
+        self.first_bad_step = torch.where(bad & (first_bad_step < 0), step, first_bad_step)
 
     def check(self) -> None:
         """NonFinite when a loss observed so far was not finite (reads the device flag: a sync)."""
-        if self.on_device:
+        if self.first_bad_step is not None:  # on a device
             step = int(self.first_bad_step.item())
             if step >= 0:
                 raise NonFinite(_loss_message(float("nan"), step, exact=False))

@@ -7,7 +7,7 @@ or a Horovod timeline. This module owns only when a trace starts and stops.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -38,8 +38,8 @@ class TorchTrace(Trace):
 
     def __init__(self, path: str, active: bool = True) -> None:
         self.path, self.active = path, active
-        self._profiler = None
-        self._span = None
+        self._profiler: Optional[torch.profiler.profile] = None
+        self._span: Optional[torch.profiler.record_function] = None
         self._steps = 0
 
     def start(self) -> None:
@@ -52,15 +52,15 @@ class TorchTrace(Trace):
             # A CUDA build of torch on a machine without a GPU: kineto would log a harmless
             # "gpuGetDeviceCount failed" ERROR line (read when the profiler starts).
             os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-        self._profiler = torch.profiler.profile(activities=activities, record_shapes=True)
-        self._profiler.start()
+        self._profiler = profiler = torch.profiler.profile(activities=activities, record_shapes=True)
+        profiler.start()
         self._open_span()
 
     def _open_span(self) -> None:
         # ProfilerStep#N spans are what TensorBoard's profiler plugin and Perfetto show as steps.
         self._steps += 1
-        self._span = torch.profiler.record_function(f"ProfilerStep#{self._steps}")
-        self._span.__enter__()
+        self._span = span = torch.profiler.record_function(f"ProfilerStep#{self._steps}")
+        span.__enter__()
 
     def _close_span(self) -> None:
         if self._span is not None:
@@ -93,27 +93,28 @@ class StepProfiler:
 
     def after_step(self) -> None:
         """Call after every optimizer step."""
-        if self.state == "off":
+        trace = self.trace
+        if self.state == "off" or trace is None:
             return
         self.done += 1
         if self.state == "tracing":
             if self.done >= WARMUP_STEPS + self.steps:
                 self.close()
             else:
-                self.trace.step()
+                trace.step()
         elif self.state == "waiting" and self.done >= WARMUP_STEPS:
-            self.trace.start()
+            trace.start()
             self.state = "tracing"
 
-    def describe(self) -> Optional[dict]:
+    def describe(self) -> Optional[Dict[str, Any]]:
         """What will be traced, for config.json (None when --profile is 0)."""
-        if self.state == "off":
+        if self.state == "off" or self.trace is None:
             return None
         return {"steps": self.steps, "warmup_steps": WARMUP_STEPS, "file": self.trace.path,
                 "kind": type(self.trace).__name__}
 
     def close(self) -> None:
         """Stop a trace that is still recording (the run ended early)."""
-        if self.state == "tracing":
+        if self.state == "tracing" and self.trace is not None:
             self.trace.stop()
             self.state = "written"

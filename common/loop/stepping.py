@@ -5,7 +5,7 @@ the gradients during backward, they are unscaled and clipped, and the optimizer 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, List, Optional, Protocol, Tuple
+from typing import Any, List, Optional, Protocol, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +64,8 @@ class AllreduceStep:
         backward. Returns (the step's loss: the mean of the micro-batch losses, samples in the step)."""
         self.optimizer.zero_grad()  # set_to_none (the default); Horovod takes no argument
         k = len(group)
-        step_loss, samples = 0.0, 0
+        step_loss: Union[float, torch.Tensor] = 0.0
+        samples = 0
         for i, (images, labels) in enumerate(group):
             exchange = i == k - 1
             with contextlib.nullcontext() if exchange else self.backend.accumulating(self.model):
@@ -83,6 +84,7 @@ class AllreduceStep:
             if self.clip_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(self.plain_model.parameters(), self.clip_grad_norm)
         self.backend.step(self.optimizer, self.precision.scaler)
+        assert isinstance(step_loss, torch.Tensor)  # a step has at least one micro-batch
         return step_loss / k, samples
 
     def bytes_per_step(self) -> int:

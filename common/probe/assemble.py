@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Dict, List
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -30,7 +30,7 @@ def rank_file(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, PROBE_DIR, f"rank-{rank}.jsonl")
 
 
-def read_rank(run_dir: str, rank: int) -> List[Dict]:
+def read_rank(run_dir: str, rank: int) -> List[Dict[str, Any]]:
     """A rank's records so far (a line being written is left out)."""
     records = []
     try:
@@ -56,7 +56,7 @@ def wait_for_ranks(run_dir: str, world_size: int, deadline: float) -> bool:
         time.sleep(0.2)
 
 
-def _one(records: List[Dict], event: str) -> Dict:
+def _one(records: List[Dict[str, Any]], event: str) -> Dict[str, Any]:
     return next((r for r in records if r["event"] == event), {})
 
 
@@ -107,11 +107,12 @@ def write(run_dir: str, world_size: int, state: Dict[str, torch.Tensor]) -> None
     out.close()
 
 
-def _batch(fingerprint) -> int:
+def _batch(fingerprint: Optional[Sequence[Any]]) -> int:  # an input fingerprint, as JSON gave it back
     return int(fingerprint[0][0]) if fingerprint and fingerprint[0] else 0
 
 
-def _summary(steps_by_rank: List[List[Dict]], backend: Dict, world_size: int, checksum: str) -> Dict:
+def _summary(steps_by_rank: List[List[Dict[str, Any]]], backend: Dict[str, Any], world_size: int,
+             checksum: str) -> Dict[str, Any]:
     steps = steps_by_rank[0]
     timed = steps[1:]  # the first step pays for allocation and warm-up, as in the project's loop
     seconds = sum((s.get("data_s") or 0) + (s.get("compute_s") or 0) + (s.get("optimizer_s") or 0) for s in timed)

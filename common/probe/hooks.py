@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, NoReturn, Optional, Tuple
 
 import torch
 import torch.optim.optimizer as optim_module
@@ -39,7 +39,7 @@ class Hooks:
         self.on_reduced = on_reduced
         self.model: Optional[torch.nn.Module] = None
         self.wrapper: Optional[torch.nn.Module] = None   # the model's DDP wrapper, for its comm hooks
-        self.optimizers: Dict[int, frozenset] = {}         # id(optimizer) -> its parameters' ids
+        self.optimizers: Dict[int, FrozenSet[int]] = {}    # id(optimizer) -> its parameters' ids
         self.forward_depth = 0
         self.step_depth = 0
         self.before: Optional[Dict[str, Any]] = None       # what the innermost step call saw
@@ -51,7 +51,7 @@ class Hooks:
         self._backward = torch.autograd.backward
         hooks = self
 
-        def backward(tensors, *args, **kwargs):
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> None:  # torch.autograd.backward's arguments
             hooks.on_backward(tensors)
             return hooks._backward(tensors, *args, **kwargs)
 
@@ -69,16 +69,16 @@ class Hooks:
         original = grad_scaler.GradScaler.scale
         hooks = self
 
-        def scale(scaler, outputs):
+        def scale(scaler: grad_scaler.GradScaler, outputs: Any) -> Any:  # GradScaler.scale's, of any overload
             scaled = original(scaler, outputs)
             if isinstance(outputs, torch.Tensor) and outputs.numel() == 1 and isinstance(scaled, torch.Tensor):
                 hooks.scaled[id(scaled)] = float(outputs.detach())
             return scaled
 
-        grad_scaler.GradScaler.scale = scale
+        grad_scaler.GradScaler.scale = scale  # type: ignore[method-assign, assignment]  # replaced on purpose
 
     # --- backward ----------------------------------------------------------------------------------
-    def on_backward(self, tensors) -> None:
+    def on_backward(self, tensors: object) -> None:
         loss = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
         value = None
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
@@ -88,7 +88,7 @@ class Hooks:
         self.recorder.backward(value)
 
     # --- forward -----------------------------------------------------------------------------------
-    def on_forward_pre(self, module: torch.nn.Module, args) -> None:
+    def on_forward_pre(self, module: torch.nn.Module, args: Tuple[Any, ...]) -> None:
         self.forward_depth += 1
         if self.forward_depth != 1 or not module.training or not _has_parameters(module):
             return
@@ -98,7 +98,7 @@ class Hooks:
             self.on_start(module)
         self.recorder.forward(input_fingerprint(args))
 
-    def on_forward_post(self, module: torch.nn.Module, args, output) -> None:
+    def on_forward_post(self, module: torch.nn.Module, args: Tuple[Any, ...], output: Any) -> None:
         self.forward_depth = max(self.forward_depth - 1, 0)
 
     def ordered(self, optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
@@ -112,7 +112,7 @@ class Hooks:
         return mine + [p for p in params if id(p) not in known]
 
     # --- optimizer steps ---------------------------------------------------------------------------
-    def on_step_pre(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    def on_step_pre(self, optimizer: torch.optim.Optimizer, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         self.step_depth += 1
         ids = frozenset(id(p) for p in params_of(optimizer))
         for other in self.optimizers.values():
@@ -130,17 +130,19 @@ class Hooks:
         if not self.recorder.in_step:  # only a step with no backward before it records the weights it found
             self.before["wnorm_before"] = tensor_norms(params)
 
-    def on_step_post(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    def on_step_post(self, optimizer: torch.optim.Optimizer, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         self.step_depth -= 1
         if self.step_depth > 0:
             return
+        before = self.before
+        assert before is not None, "on_step_pre saw this step first"
         wnorm = tensor_norms(self.ordered(optimizer))
         if self.recorder.in_step:
             if self.recorder.steps == 0:
                 self.on_first_step()
-            self.recorder.step(self.before, wnorm)
+            self.recorder.step(before, wnorm)
         else:
-            self.recorder.stepless(self.before, wnorm)
+            self.recorder.stepless(before, wnorm)
         self.before = None
 
 
@@ -188,9 +190,11 @@ def _has_parameters(module: torch.nn.Module) -> bool:
 
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     """The model inside a DistributedDataParallel (or DataParallel) wrapper."""
-    while hasattr(module, "module") and isinstance(getattr(module, "module"), torch.nn.Module) and \
-            type(module).__name__ in ("DistributedDataParallel", "DataParallel"):
-        module = module.module
+    while type(module).__name__ in ("DistributedDataParallel", "DataParallel"):
+        inner = getattr(module, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            break
+        module = inner
     return module
 
 

@@ -16,17 +16,20 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 
 from common.rundir.fingerprint import tensor_norms
 
+#: an input batch's fingerprint: [shape, sum, sum of squares]
+InputFingerprint = List[Union[List[int], float]]
+
 #: param-group entries that are not settings
 NOT_SETTINGS = ("params",)
 
 
-def input_fingerprint(value: Any) -> Optional[List]:
+def input_fingerprint(value: Any) -> Optional[InputFingerprint]:
     """[shape, sum, sum of squares] of the first tensor in a forward's arguments (float64), None without one."""
     if isinstance(value, torch.Tensor):
         x = value.detach()
@@ -89,7 +92,7 @@ class StepRecord:
     """One training step of the script on this rank, filled in as it happens."""
 
     losses: List[float] = field(default_factory=list)
-    inputs: List[Optional[List]] = field(default_factory=list)
+    inputs: List[Optional[InputFingerprint]] = field(default_factory=list)
     started: Optional[float] = None          # the step's first forward
     backward_ended: Optional[float] = None   # its last backward
     optimizer_started: Optional[float] = None
@@ -112,7 +115,7 @@ class Recorder:
         """Append one record."""
         self._file.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
 
-    def forward(self, fingerprint: Optional[List]) -> None:
+    def forward(self, fingerprint: Optional[InputFingerprint]) -> None:
         """An outermost training forward with these inputs."""
         if self.current.started is None:
             self.current.started = time.perf_counter()

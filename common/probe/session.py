@@ -98,6 +98,7 @@ class Session:
         model, self.hooks.model = self.hooks.model, None
         if self.placement.rank != 0 or self.failed:
             return
+        assert model is not None, "a step the probe followed came after the model's first training forward"
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         if not assemble.wait_for_ranks(self.run_dir, self.placement.world_size, time.monotonic() + WAIT_S):
             self.refuse(f"{self.script}: a rank's record did not end within {WAIT_S:.0f} s of rank 0's; see its "

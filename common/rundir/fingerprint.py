@@ -8,24 +8,29 @@ unit in the last place of float32 weights still shows.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 
 
-def tensor_norms(tensors: List[Optional[torch.Tensor]]) -> List[Optional[float]]:
+def _norms(tensors: Sequence[torch.Tensor]) -> List[float]:
+    """The L2 norm of each tensor in float64, taken together."""
+    if not tensors:
+        return []
+    norms: List[float] = torch.stack([torch.linalg.vector_norm(t.detach(), dtype=torch.float64)
+                                      for t in tensors]).cpu().tolist()
+    return norms
+
+
+def tensor_norms(tensors: Sequence[Optional[torch.Tensor]]) -> List[Optional[float]]:
     """The L2 norm of each tensor in float64 (None for a missing one, e.g. a parameter without a gradient)."""
-    present = [t for t in tensors if t is not None]
-    if not present:
-        return [None] * len(tensors)
-    norms = iter(torch.stack([torch.linalg.vector_norm(t.detach(), dtype=torch.float64) for t in present])
-                 .cpu().tolist())
+    norms = iter(_norms([t for t in tensors if t is not None]))
     return [next(norms) if t is not None else None for t in tensors]
 
 
 def weight_norms(model: torch.nn.Module) -> List[float]:
     """The L2 norm of every parameter of `model`, in named_parameters() order (float64)."""
-    return tensor_norms(list(model.parameters()))
+    return _norms(list(model.parameters()))
 
 
 def parameter_names(model: torch.nn.Module) -> List[str]:

@@ -9,12 +9,13 @@ import sys
 import time
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import psutil
 import torch
 
 from common.config import Config
+from common.inputs.data import samples_in
 from common.inputs.opening import Inputs
 from common.launch.placement import cores, launcher_name
 from common.loop.backend import Backend
@@ -101,12 +102,12 @@ class RunOutcome:
     batches: Batches
     timer: StepTimer
     step: Step
-    train: Dict
-    evaluation: Dict
+    train: Dict[str, float]
+    evaluation: Dict[str, float]
     state: Dict[str, torch.Tensor]
 
 
-def config_record(run: RunSetup) -> Dict:
+def config_record(run: RunSetup) -> Dict[str, Any]:
     """config.json: the resolved settings and everything about where and how the run ran. `factories` names
     where a model or dataset given by import path came from (None for the built-ins); `buffers` names the
     model's buffers (state that is not a parameter, such as BatchNorm's running statistics); `parameters` names
@@ -125,7 +126,7 @@ def config_record(run: RunSetup) -> Dict:
         "cores": cores(),
         "ranks_per_host": backend.local_world_size,
         "device": str(backend.device),
-        "dataset": {"train_samples": len(run.inputs.train_set), "val_samples": len(run.inputs.val_set),
+        "dataset": {"train_samples": samples_in(run.inputs.train_set), "val_samples": samples_in(run.inputs.val_set),
                     "channels": info.channels, "image_size": info.image_size, "num_classes": info.num_classes},
         "factories": factories,
         "buffers": [name for name, _ in run.model.named_buffers()],
@@ -143,7 +144,7 @@ def config_record(run: RunSetup) -> Dict:
     }
 
 
-def summary_record(run: RunOutcome) -> Dict:
+def summary_record(run: RunOutcome) -> Dict[str, Any]:
     """summary.json: the run's final numbers and the checksum of its final weights."""
     config, backend, train, evaluation, position = run.config, run.backend, run.train, run.evaluation, run.position
     return {

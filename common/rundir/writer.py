@@ -10,7 +10,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, TextIO
 
 import torch
 
@@ -18,6 +18,9 @@ from common.checkpoints.format import atomic_save
 
 from .names import METRICS_FILE, MODEL_FILE
 from .reader import events_so_far
+
+if TYPE_CHECKING:  # imported when a run asks for TensorBoard: it loads tensorboard
+    from .tensorboard import TensorBoardSink
 
 
 def weights_sha256(state_dict: Dict[str, torch.Tensor]) -> str:
@@ -49,8 +52,8 @@ class RunDir:
         self.path = path
         self.is_main = is_main
         self.tensorboard = tensorboard
-        self._metrics = None
-        self._sink = None
+        self._metrics: Optional[TextIO] = None
+        self._sink: Optional[TensorBoardSink] = None
 
     @staticmethod
     def check_writable(path: str) -> Optional[str]:

@@ -92,7 +92,7 @@ def test_an_optimizer_setting_that_differs_trains_differently_from_where_it_acts
     assert analysis.parity(a, c).trains_differently_from == 3  # a momentum first acts in the second update
     # a run of the probe: every param group's settings per step, how the step is computed left out
     grouped = [dict(e, groups=[{"lr": 0.1, "momentum": 0.9, "foreach": f}]) if e["event"] == "step" else e
-               for e, f in zip(events, [None, True, False, True])]
+               for e, f in zip(events, [None, True, False, True], strict=True)]
     d = made_run(events=grouped)
     e = made_run("horovod", controller="gloo", events=grouped)
     assert analysis.parity(d, e).setting_difference is None
