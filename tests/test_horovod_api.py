@@ -24,7 +24,7 @@ API = "ddp_train.horovod_api"
 
 #: a Horovod script: every collective, the optimizer, the errors; each rank writes OUT/rank<R>.json
 COLLECTIVES = textwrap.dedent('''
-    import json, os, sys, time, warnings
+    import copy, json, os, sys, time, warnings
     import torch
     import torch.nn.functional as F
     import horovod
@@ -113,12 +113,14 @@ COLLECTIVES = textwrap.dedent('''
         return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
     net = model()
     hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+    alone = copy.deepcopy(net)  # the same weights without the optimizer's hooks: this rank's own gradients
     opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
                                    named_parameters=net.named_parameters())
     torch.manual_seed(100 + r)
     data, target = torch.randn(8, 4), torch.randn(8, 2)
-    F.mse_loss(net(data), target).backward()
-    local = [p.grad.clone() for p in net.parameters()]
+    F.mse_loss(net(data), target).backward()  # the allreduces start here and write the gradients in place
+    F.mse_loss(alone(data), target).backward()
+    local = [p.grad for p in alone.parameters()]
     opt.synchronize()
     averaged = [p.grad.clone() for p in net.parameters()]
     every = [hvd.allgather(g.unsqueeze(0)) for g in local]
@@ -203,6 +205,7 @@ COLLECTIVES = textwrap.dedent('''
     hvd.barrier()
     # the timeline (rank 0 writes it), then shutdown and init again
     hvd.start_timeline(os.path.join(out_dir, "timeline.json"))
+    hvd.barrier()  # no rank asks for "timed" before rank 0 records
     hvd.allreduce(torch.ones(2), name="timed")
     hvd.stop_timeline()
     hvd.shutdown()
