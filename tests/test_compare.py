@@ -85,7 +85,7 @@ def test_report_verdicts_match_the_run_directories(default_matrix):
     assert ("gone (bitwise identical)" if closer == 0 else f"the gap is {closer:.1e}") in why
     # Throughput: the median of each cell, from each run's summary.json, with the host it ran on.
     host = runs["ddp@2#1"]["config"]["hosts"][0]
-    assert "### On one host" in report and "### Across hosts" not in report
+    assert "**On one host**" in report and "**Across hosts**" not in report
     for key in ("ddp@2", "horovod-gloo@2"):
         value = statistics.median([r["summary"]["samples_per_s"] for name, r in runs.items() if name.startswith(key)])
         assert f"| {key} | {host} | {value:.1f} |" in report
@@ -149,7 +149,7 @@ def test_runs_of_different_models_are_refused(runs, tmp_path):
 ALONE = ["--model", "mlp", "--epochs", "1", "--max-steps", "20", "--threads", "1"]
 
 
-def test_runs_differing_only_in_seed_are_beyond_the_noise_floor_from_the_first_step(runs, tmp_path):
+def test_runs_differing_only_in_seed_are_beyond_the_noise_floor_from_the_start(runs, tmp_path):
     seed1, seed2 = runs("none-ddp", 1, ALONE).dir, runs("none-ddp", 1, ALONE + ["--seed", "2"]).dir
     refused = compare_in_process("--runs", seed1, seed2, "--out", tmp_path)
     assert refused.returncode == 2 and "seed differs" in refused.output
@@ -160,8 +160,9 @@ def test_runs_differing_only_in_seed_are_beyond_the_noise_floor_from_the_first_s
     assert result.returncode == 0, result.output
     (pair, *_) = json.loads((tmp_path / SUMMARY_FILE).read_text())["parity"]
     assert (pair["a"], pair["b"], pair["kind"]) == ("ddp[seed=42]@1#1", "ddp[seed=2]@1#1", "settings")
-    assert pair["first_differing_step"] == 1 and pair["trains_differently_from"] == 1
-    assert pair["verdict"].startswith("beyond the noise floor: trains differently from step 1"), pair["verdict"]
+    # They start from other weights: apart at step 0, before the first update.
+    assert pair["first_differing_step"] == 1 and pair["trains_differently_from"] == 0
+    assert pair["verdict"].startswith("beyond the noise floor: trains differently from step 0"), pair["verdict"]
     assert pair["max_abs_weight_diff"] == pytest.approx(max_abs_diff(read_run(seed1)["model"],
                                                                      read_run(seed2)["model"]))
 
@@ -187,9 +188,9 @@ def test_divergence_is_found_at_the_step_it_starts(runs, tmp_path):
     ([], "allreduce"), (["--reduction", "allreduce"], "allreduce"), (["--reduction=exact"], "exact"),
     (["--epochs", "1", "--reduction", "exact"], "exact")])
 def test_explaining_runs_are_left_out_only_for_exact_mode(train_args, reduction):
-    from common.compare.__main__ import reduction_of
+    from common.config import given_options, is_exact
 
-    assert reduction_of(train_args) == reduction
+    assert is_exact(given_options(train_args, "compare-backends")) == (reduction == "exact")
 
 
 @pytest.mark.parametrize("driver", ["compare-backends", "benchmark"])

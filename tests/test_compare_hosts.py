@@ -49,7 +49,7 @@ def test_compare_runs_every_backend_across_both_hosts(across_hosts):
     for host in ("node0", "node1"):
         assert re.search(rf"`{host}\$ \S*torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d "
                          r"--rdzv-endpoint node0:\d+ ", report), "the reproduce table gives each host's command"
-    assert "### Across hosts" in report and "### On one host" not in report
+    assert "**Across hosts**" in report and "**On one host**" not in report
     assert all("across 2 hosts (node0, node1)" in v["verdict"] for v in summary["speed"])
     verdicts = [p["verdict"] for p in summary["parity"] if p["kind"] == "backends"]
     assert len(verdicts) == 3 and all(v == "bitwise identical" or v.startswith("equal within") for v in verdicts)

@@ -120,7 +120,7 @@ def test_the_default_comparison_at_3_ranks_is_never_beyond_the_floor(demo):
     assert recorded.keys() == from_branches.keys()
     assert all(recorded[s] == pytest.approx(from_branches[s]) for s in recorded)
     report = (out / "report.md").read_text()
-    assert f"**{pair['verdict']}**" in report and "### Noise floor" in report
+    assert f"**{pair['verdict']}**" in report and "## The noise floor" in report
     assert_real_image(out / "parity.png")
 
 

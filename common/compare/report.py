@@ -262,7 +262,7 @@ def _method(c: Comparison) -> str:
 def _speed(c: Comparison) -> List[Section]:
     blocks: List[Block] = [Paragraph(c.summary.speed), Paragraph(c.summary.scaling)]
     if c.speed:
-        blocks.append(Bullets([f"{v['verdict'][0].upper()}{v['verdict'][1:]}." for v in c.speed]))
+        blocks.append(Bullets([f"{v['verdict']}." for v in c.speed]))  # a backend's label keeps its case
     blocks.append(Paragraph("Training samples/s over all ranks, first step excluded; median (min–max) over repeats. "
                             "Runs on one host communicate through loopback and shared memory, runs across hosts over "
                             "the network between them: compare rows of the same placement."))
