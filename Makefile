@@ -12,7 +12,7 @@ setup:
 demo: setup
 	@bash scripts/demo.sh $(DEMO_DIR)
 
-test: setup
+test: setup lint
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 # ruff and mypy over the project (their settings: pyproject.toml)

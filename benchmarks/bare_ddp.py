@@ -49,7 +49,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if known.data_path == "batched":
         loader, _, sampler = make_loaders(config, train_set, val_set, rank, world, pin_memory=cuda)
     else:  # as a user writes it: one sample per call, collated
-        sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=config.seed)
+        sampler = DistributedSampler(  # type: ignore[assignment]  # the loop's samplers are DistributedSamplers too
+            train_set, num_replicas=world, rank=rank, shuffle=True, seed=config.seed)
         loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, num_workers=config.workers,
                             pin_memory=cuda)
     model = build_model(config.model, info.channels, info.image_size, info.num_classes, config.seed).to(device)

@@ -46,7 +46,7 @@ import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -306,7 +306,7 @@ def script_command(label: str, np: int, script: Path, args: Sequence[str]) -> Li
 
 
 def run_example(cmd: List[str], cwd: Path, log: Path, timeout_s: float,
-                env: Optional[Dict[str, Optional[str]]] = None) -> Dict:
+                env: Optional[Mapping[str, Optional[str]]] = None) -> Dict:
     result = launch.run(cmd, timeout=timeout_s, env=job_env({"OMP_NUM_THREADS": "1", **(env or {})}), cwd=cwd,
                         log=log)
     return {"command": " ".join(cmd), "returncode": result.returncode, "timed_out": result.timed_out,

@@ -72,7 +72,7 @@ def measure(script: Path, repeats: int) -> tuple[List[float], List[float]]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.port_speed", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--lines", type=int, default=300, help="the script's length in lines")
     p.add_argument("--repeats", type=int, default=5, help="runs of the command")
     add_out(p)

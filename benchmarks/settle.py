@@ -37,7 +37,7 @@ def settle(max_s: float, poll_s: float = 2.0,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Settle, saying so when the wait was long or in vain."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.settle", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--max-s", type=float, default=300.0, help="wait at most this long (seconds)")
     waited, busy = settle(p.parse_args(argv).max_s)
     if not quiet(busy):

@@ -212,7 +212,7 @@ def correct(case: Case, pair: ParityResult, expected: Optional[int]) -> bool:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.verdicts", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--max-floor", type=int, default=5, help="judge against floors of 1..N disturbed runs")
     p.add_argument("--quick", action="store_true", help="two pairs at a tiny size (a check of the pipeline)")
     add_timeout(p, 900, "seconds before a run is stopped")
@@ -229,7 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         a_dir = base if not case.a_extra else runner.run(DDP, case.setting.np, [*case.setting.args, *case.a_extra])
         b_dir = runner.run(case.launcher, case.setting.np, [*case.setting.args, *case.extra])
         twin = runner.run(DDP, case.setting.np, [*case.setting.args, *case.extra]) if case.kind == "real" else None
-        if None in (base, a_dir, b_dir) or not disturbed or (case.kind == "real" and twin is None):
+        if base is None or a_dir is None or b_dir is None or not disturbed or (case.kind == "real" and twin is None):
             continue
         runs = {"base": read_run(base), "a": read_run(a_dir), "b": read_run(b_dir)}
         shadows = [read_run(d) for d in disturbed]

@@ -28,8 +28,8 @@ DOC = REPO / "docs" / "multinode-and-slurm.md"
 def compare_command(np: int, out: Path) -> list:
     """compare-backends --slurm at `np` ranks in its allocation, as typed on node0."""
     extra = AT_4 if np == 4 else []
-    return [*ALLOCATIONS[np], "python", "-m", "common.compare", "--slurm", "--np", str(np), "--rdzv-port", str(29620 + np),
-            *SHORT, *extra, "--out", str(out)]
+    return [*ALLOCATIONS[np], "python", "-m", "common.compare", "--slurm", "--np", str(np),
+            "--rdzv-port", str(29620 + np), *SHORT, *extra, "--out", str(out)]
 
 
 @pytest.fixture(scope="module")

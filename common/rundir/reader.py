@@ -21,7 +21,8 @@ DISTURBED = "perturbed"
 IGNORED = ("run_dir", "log_every", "eval_every", "workers", "device")
 #: param-group entries that are no setting of a step: the learning rate (compared on its own, step by step), the
 #: scheduler's record of it, and how the step is computed (the same arithmetic, other rounding)
-NOT_OPTIMIZER_SETTINGS = ("lr", "initial_lr", "foreach", "fused", "capturable", "differentiable", "decoupled_weight_decay")
+NOT_OPTIMIZER_SETTINGS = ("lr", "initial_lr", "foreach", "fused", "capturable", "differentiable",
+                          "decoupled_weight_decay")
 #: settings a run's label carries (ddp+perturbed2, horovod-gloo+predivide): they do not set runs of one label apart
 LABELLED = ("perturb_ulp", "perturb_pattern", "predivide", "deterministic")
 
@@ -263,7 +264,7 @@ def number_repeats(runs: List[Run]) -> None:
         keys = sorted({k for s in settings for k in s})
         differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1]
         if differing:
-            for run, s in zip(group, settings):
+            for run, s in zip(group, settings, strict=True):
                 run.tag = "[" + ",".join(f"{k}={s.get(k)}" for k in differing) + "]"
     seen: Dict[str, int] = {}
     for run in runs:
@@ -312,7 +313,7 @@ def check_comparable(runs: List[Run]) -> List[str]:
             shown = ", ".join(f"{name}={value}" for name, value in diffs[key].items())
             reasons.append(f"{key} differs ({shown})")
     reasons += factory_differences(runs)
-    by_world: Dict[int, Dict[str, int]] = {}
+    by_world: Dict[int, Dict[str, Optional[int]]] = {}
     for run in runs:
         by_world.setdefault(run.world_size, {})[run.name] = run.summary.get("steps")
     for world, steps in sorted(by_world.items()):
