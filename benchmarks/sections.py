@@ -295,13 +295,39 @@ def horovod_api(result: Result) -> str:
 
 
 def horovod_suite(result: Result) -> str:
-    """Horovod's own test suite (test_torch.py) per run and world size: how its tests ended."""
+    """Horovod's own test suite (test_torch.py) per run and world size: how its tests ended; then its examples."""
     ends = ("passed", "failed", "error", "skipped", "hung", "crashed", "not run")
-    return (f"`{result['test_file']}` of Horovod at {str(result.get('horovod_revision'))[:12]}, {result['tests']} "
+    text = (f"`{result['test_file']}` of Horovod at {str(result.get('horovod_revision'))[:12]}, {result['tests']} "
             f"tests, at most {result['test_timeout_s']:g} s each:\n\n" + table(
                 ["run", "ranks", *ends, "seconds", "launches"],
                 [[name(run["label"]), run["np"], *(run["counts"].get(end, 0) for end in ends),
                   f"{run['seconds']:.0f}", run["launches"]] for run in result["runs"]]))
+    return text + ("\n\n" + horovod_examples(result["examples"]) if result.get("examples") else "")
+
+
+def _ended(run: Result) -> str:
+    """How an example's launch ended: 'ran (N s)', or its exit code or time-out."""
+    if run.get("timed_out"):
+        return "**timed out**"
+    return f"ran ({run['seconds']:.0f} s)" if run.get("returncode") == 0 else f"**exit code {run.get('returncode')}**"
+
+
+def horovod_examples(examples: Result) -> str:
+    """Horovod's example scripts, unchanged: pytorch_mnist.py's final weights on the API against real Horovod (per
+    world size, and at 3 ranks with fusion off), and the others on the API."""
+    rows = []
+    for key, case in examples.get("pytorch_mnist", {}).items():
+        weights = case.get("weights", {})
+        same = (MISSING if not weights.get("compared") else "bitwise equal" if weights["bitwise_equal"]
+                else f"‖Δ‖/‖w‖ {weights['relative_difference']:.2g}")
+        ranks, _, fusion = key.partition("-")
+        rows.append([f"pytorch_mnist.py, {ranks} ranks" + (", HOROVOD_FUSION_THRESHOLD=0" if fusion else ""),
+                     _ended(case.get("horovod-gloo", {})), _ended(case.get("api", {})), same])
+    for script in ("pytorch_synthetic_benchmark", "pytorch_imagenet_resnet50", "pytorch_mnist_elastic"):
+        if script in examples:
+            rows.append([f"{script}.py, 2 ranks", "", _ended(examples[script]), ""])
+    return "Horovod's examples, unchanged:\n\n" + table(
+        ["script", "real Horovod (horovodrun --gloo)", "the API (torchrun)", "final weights"], rows)
 
 
 def port_speed(result: Result) -> str:
