@@ -407,6 +407,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="reports, logs and data (not kept)")
     add_out(p, "where horovod_suite.json goes")
     args = p.parse_args(argv)
+    args.horovod = args.horovod.resolve()  # the launches run in the suite's folder
     test_file = args.horovod / "test" / "parallel" / "test_torch.py"
     labels = [label.strip() for label in args.runs.split(",") if label.strip()]
     problem = None
