@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from datetime import datetime, timezone
 from pathlib import Path
@@ -302,7 +303,31 @@ def horovod_suite(result: Result) -> str:
                 ["run", "ranks", *ends, "seconds", "launches"],
                 [[name(run["label"]), run["np"], *(run["counts"].get(end, 0) for end in ends),
                   f"{run['seconds']:.0f}", run["launches"]] for run in result["runs"]]))
+    text += "\n\n" + api_not_passed(result)
     return text + ("\n\n" + horovod_examples(result["examples"]) if result.get("examples") else "")
+
+
+def _file_only(message: str) -> str:
+    """A test's message with every path cut to its file name (`.../torch/optim/_muon.py:134` -> `_muon.py:134`)."""
+    return re.sub(r"(?:/[^\s/:]+)+/", "", message)
+
+
+def api_not_passed(result: Result) -> str:
+    """Every test the API did not pass at some world size, with how it ended there and its first message, and how
+    real Horovod's runs of it ended."""
+    lines = []
+    for test, runs in result["results"].items():
+        api = {key: run for key, run in runs.items() if key.startswith("api@")}
+        if all(run["outcome"] == "passed" for run in api.values()):
+            continue
+        ends = "; ".join(f"{key.split('@')[1]} ranks: {run['outcome']}" + (f" ({_file_only(run['message'])[:160]})"
+                                                                           if run.get("message") else "")
+                         for key, run in sorted(api.items()))
+        horovod = ", ".join(f"{name(key.split('@')[0])} at {key.split('@')[1]}: {run['outcome']}"
+                            for key, run in sorted(runs.items()) if not key.startswith("api@"))
+        lines.append(f"- `{test.split('::')[-1]}`: {ends}" + (f"; real Horovod: {horovod}" if horovod else ""))
+    return ("Every test the API does not pass, as it ended:\n\n" + "\n".join(lines) if lines
+            else "The API passes every test at every world size.")
 
 
 def _ended(run: Result) -> str:
@@ -379,8 +404,8 @@ def framed(results: Results, file: str, *options: str) -> str:
     if result is None:
         return f"_Not measured yet: `benchmarks/run_all.sh` writes `{results.path(file)}`._"
     day = datetime.fromtimestamp(result["started"], tz=timezone.utc).strftime("%Y-%m-%d")
-    revision = ((result["machine"].get("versions") or {}).get("project_git") or "no recorded revision")
-    at = revision[:12] + ("-dirty" if revision.endswith("-dirty") else "")
+    revision = (result["machine"].get("versions") or {}).get("project_git")
+    at = (revision[:12] + ("-dirty" if revision.endswith("-dirty") else "")) if revision else "no recorded revision"
     loaded = ", **under load**" if result.get("under_load") else ""
     return (f"{command_block(result['command'])}\n\n{section(result, *options)}\n\nSource: `{results.path(file)}` "
             f"(measured {day} at {at}, {conditions(result)}{loaded}).")
@@ -427,3 +452,43 @@ def verdicts_sentence(results: Results, file: str) -> str:
                  f"{counted(len(one['misses']), 'miss', 'misses')}")
     return text + "."
 
+
+
+def horovod_api_sentence(results: Results) -> str:
+    """Horovod's suite counts per run and world size and the synthetic benchmark's ratios, as docs/horovod-api.md
+    quotes them (tests/test_docs.py checks)."""
+    suite, speed = results.get("horovod_suite.json"), results.get("horovod_api.json")
+    parts = []
+    if suite is not None:
+        def ended(counts: Result) -> str:
+            others = [f"{counts[end]} {end}" for end in ("failed", "error", "skipped", "hung", "crashed", "not run")
+                      if counts.get(end)]
+            return f"{counts.get('passed', 0)} passed" + (f" ({', '.join(others)})" if others else "")
+
+        by_np: Dict[int, List[str]] = {}
+        for run in suite["runs"]:
+            by_np.setdefault(run["np"], []).append(f"{name(run['label'])} {ended(run['counts'])}")
+        parts.append(f"Of the suite's {suite['tests']} tests, " + "; ".join(
+            f"at {np} ranks: " + ", ".join(rows) for np, rows in sorted(by_np.items())))
+    examples = (suite or {}).get("examples") or {}
+    if examples.get("pytorch_mnist"):
+        def weights(case: Result) -> str:
+            w = case.get("weights", {})
+            return ("not compared" if not w.get("compared") else "bitwise equal" if w["bitwise_equal"]
+                    else f"‖Δ‖/‖w‖ {w['relative_difference']:.2g} apart")
+
+        mnist = examples["pytorch_mnist"]
+        parts.append("Horovod's pytorch_mnist.py against Horovod/Gloo, final weights: " + ", ".join(
+            f"{key.split('-')[0]} ranks" + (" with HOROVOD_FUSION_THRESHOLD=0" if "-" in key else "")
+            + f" {weights(case)}" for key, case in mnist.items()))
+        others = [(script, examples[script]) for script in
+                  ("pytorch_synthetic_benchmark", "pytorch_imagenet_resnet50", "pytorch_mnist_elastic")
+                  if script in examples]
+        parts.append("At 2 ranks on the API: " + ", ".join(
+            f"{script}.py {'ran' if run.get('returncode') == 0 else 'FAILED'}" for script, run in others))
+    if speed is not None:
+        b = speed["backends"]
+        parts.append(f"{speed['model']} at {speed['image_size']}, {speed['np']} ranks: " + ", ".join(
+            f"{name(label)} {b[label]['median']:.2f} img/s" for label in b) + "; the API's median over "
+            + ", ".join(f"{name(label.split('/')[1])}'s {ratio:.2f}" for label, ratio in speed["ratios"].items()))
+    return ". ".join(parts) + "." if parts else "_Not measured yet: `benchmarks/run_all.sh` writes them._"

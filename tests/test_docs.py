@@ -139,3 +139,12 @@ def test_the_verdicts_sentence_names_each_false_alarm_and_bounds_only_the_other_
         "rounding gives, and every real difference is called beyond it from the step it first acts, leaving it by at "
         "least 32x. One disturbed run gives 1 false alarm (adam, 544x what rounding gives) and 0 misses.")
     assert "give 0 false alarms and 0 misses: no same-training pair comes above 1.8x" in write([])
+
+
+def test_the_horovod_api_figures_are_quoted_from_the_committed_results():
+    from benchmarks.render import RESULTS
+    from benchmarks.sections import Results, horovod_api_sentence
+
+    sentence = horovod_api_sentence(Results(RESULTS))
+    assert "passed" in sentence and "img/s" in sentence, sentence
+    assert sentence in (DOCS / "horovod-api.md").read_text().replace("\n", " ")

@@ -160,10 +160,22 @@ def test_the_horovod_api_and_suite_sections_read_their_json():
                  ratios={"api/horovod-gloo": 1.1})
     assert lines(section(api))[-2:] == ["| the Horovod API (torchrun) | 11.00 | 20.0% | 10.00 11.00 12.00 | – |",
                                         "| Horovod/Gloo | 10.00 | 0.0% | 10.00 | 1.100 |"]
+    passed = {"outcome": "passed", "message": ""}
     suite = header("horovod_suite", test_file="test/parallel/test_torch.py", horovod_revision="b" * 40, tests=3,
                    test_timeout_s=60.0, runs=[{"label": "api", "np": 2, "counts": {"passed": 2, "hung": 1},
-                                               "seconds": 95.4, "launches": 2}])
-    assert lines(section(suite))[-1] == "| the Horovod API (torchrun) | 2 | 2 | 0 | 0 | 0 | 1 | 0 | 0 | 95 | 2 |"
+                                               "seconds": 95.4, "launches": 2}],
+                   results={"test_torch.py::TorchTests::test_a": {"api@2": passed, "horovod-mpi@2": passed},
+                            "test_torch.py::TorchTests::test_b": {
+                                "api@2": {"outcome": "failed", "message": "/x/y/torch/optim/_muon.py:134: ValueError"},
+                                "horovod-mpi@2": {"outcome": "hung", "message": ""}}},
+                   examples={"pytorch_mnist": {"2": {"horovod-gloo": {"returncode": 0, "seconds": 6.3},
+                                                     "api": {"returncode": 1, "seconds": 2.0},
+                                                     "weights": {"compared": False}}}})
+    text = lines(section(suite))
+    assert "| the Horovod API (torchrun) | 2 | 2 | 0 | 0 | 0 | 1 | 0 | 0 | 95 | 2 |" in text
+    assert [line for line in text if line.startswith("- ")] == [
+        "- `test_b`: 2 ranks: failed (_muon.py:134: ValueError); real Horovod: Horovod/MPI at 2: hung"]
+    assert text[-1] == "| pytorch_mnist.py, 2 ranks | ran (6 s) | **exit code 1** | – |"
 
 
 def verdicts_result():
