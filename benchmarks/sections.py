@@ -489,6 +489,6 @@ def horovod_api_sentence(results: Results) -> str:
     if speed is not None:
         b = speed["backends"]
         parts.append(f"{speed['model']} at {speed['image_size']}, {speed['np']} ranks: " + ", ".join(
-            f"{name(label)} {b[label]['median']:.2f} img/s" for label in b) + "; the API's median over "
-            + ", ".join(f"{name(label.split('/')[1])}'s {ratio:.2f}" for label, ratio in speed["ratios"].items()))
+            f"{name(label)} {b[label]['median']:.2f} img/s" for label in b) + "; the API's median is "
+            + ", ".join(f"{ratio:.2f}x {name(label.split('/')[1])}'s" for label, ratio in speed["ratios"].items()))
     return ". ".join(parts) + "." if parts else "_Not measured yet: `benchmarks/run_all.sh` writes them._"
