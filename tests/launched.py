@@ -201,3 +201,16 @@ def max_abs_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> floa
     """Largest element-wise |a - b| over two state_dicts with the same keys."""
     assert a.keys() == b.keys()
     return max(float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0 for k in a)
+
+
+def assert_summary_leads(out: Path) -> None:
+    """A comparison's report opens with the summary every mode writes (--runs, --scripts, --hosts, --slurm: one
+    builder, common/compare/report.py): its table first, with summary.json's cells, then the speed and runs lines."""
+    report = (out / "report.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    lead = report.split("\n## ")[1]
+    assert lead.startswith("Summary\n\n| world size | " + " | ".join(summary["columns"]) + " |"), report[:800]
+    for row in summary["rows"]:
+        for cell in row["cells"].values():  # as a markdown table cell holds it
+            assert cell["text"].replace("|", "\\|") in lead, (cell["text"], lead)
+    assert summary["runs"] in lead and lead.count("\n\n") >= 3, lead

@@ -12,7 +12,7 @@ import stat
 import pytest
 from PIL import Image
 
-from launched import compare, compare_in_process, max_abs_diff, read_run
+from launched import assert_summary_leads, compare, compare_in_process, max_abs_diff, read_run
 from settings import ADAM_LR, convnet_run, mlp_run
 from common.compare.floor import DEFAULT_FLOOR_RUNS
 from common.rundir.names import SUMMARY_FILE
@@ -66,6 +66,7 @@ def test_report_verdicts_match_the_run_directories(default_matrix):
     out, _ = default_matrix
     summary = json.loads((out / SUMMARY_FILE).read_text())
     report = (out / "report.md").read_text()
+    assert_summary_leads(out)
     runs = _runs_by_name(summary)
     for world in (1, 2):  # bitwise at 1 and 2 ranks, as the weights themselves say
         a, b = runs[f"ddp@{world}#1"], runs[f"horovod-gloo@{world}#1"]

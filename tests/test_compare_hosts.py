@@ -17,7 +17,7 @@ import pytest
 
 from cluster import on_host
 from common.launch import Job
-from launched import COMPARE, PY, REPO, compare_in_process, job_env, read_run, run_cmd
+from launched import COMPARE, PY, REPO, assert_summary_leads, compare_in_process, job_env, read_run, run_cmd
 from processes import assert_nothing_left, job_processes
 from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
@@ -46,6 +46,7 @@ def test_compare_runs_every_backend_across_both_hosts(across_hosts):
     assert set(runs["ddp@4#1"]["launch"]["commands"]) == {"node0", "node1"}
     assert runs["horovod-gloo@4#1"]["launch"]["commands"]["here"].split()[1:5] == ["-np", "4", "-H", "node0:2,node1:2"]
     report = (out / "report.md").read_text()
+    assert_summary_leads(out)
     for host in ("node0", "node1"):
         assert re.search(rf"`{host}\$ \S*torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d "
                          r"--rdzv-endpoint node0:\d+ ", report), "the reproduce table gives each host's command"

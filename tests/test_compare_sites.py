@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launched import REPO, compare_in_process
+from launched import REPO, assert_summary_leads, compare_in_process
 from common.rundir.names import CONFIG_FILE, SUMMARY_FILE
 
 pytestmark = pytest.mark.multinode
@@ -78,6 +78,7 @@ def test_slurm_runs_both_backends_through_srun_across_both_nodes(compared, np):
     # Each speed verdict, in the summary and the report, says that the runs went across both nodes.
     assert all("across 2 hosts (node0, node1)" in v["verdict"] for v in summary["speed"]), summary["speed"]
     assert "across 2 hosts (node0, node1)" in (out / "report.md").read_text()
+    assert_summary_leads(out)
 
 
 def test_the_docs_give_each_command_as_run(compared, folder):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launched import REPO, compare_backends, compare_in_process, run_cmd
+from launched import REPO, assert_summary_leads, compare_backends, compare_in_process, run_cmd
 from common.launch.userscript import safe_path_env
 from common.rundir.names import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SUMMARY_FILE
 from userscripts import RUN_BY, SCRIPT_ARGS, edited, probe_run, probed, sha256, write_folder
@@ -105,6 +105,7 @@ def test_faithful_port_is_bitwise_identical_at_2_ranks_and_within_the_floor_at_3
     assert at2.get("cause") is None and at3.get("cause") is None
     report = (out / "report.md").read_text()
     assert "train_horovod.py" in report and "train_ddp.py" in report
+    assert_summary_leads(out)
 
 
 def test_the_runs_hold_what_the_scripts_did(faithful, folder):
