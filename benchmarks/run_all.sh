@@ -70,6 +70,8 @@ quick_steps() {
   step -m benchmarks.exact_cost --np 1,2 --models convnet --global-batch 8 --micro-batch 4 --steps 2 --repeats 2 \
       --no-distance --out "$OUT" --work "$WORK/exact"
   step -m benchmarks.verdicts --quick --max-floor 2 --out "$OUT" --work "$WORK/verdicts"
+  step -m benchmarks.verdicts --quick --cases lr+5% --max-floor 1 --out "$OUT/verdicts-precision" \
+      --work "$WORK/verdicts-precision"
   step -m benchmarks.probe_cost --np 1 --cases convnet=8 --batch-size 4 --steps 3 --repeats 1 --out "$OUT" \
       --work "$WORK/probe_cost"
   finish  # stop_latency times its launches: alone (one launcher, one rank: tests/test_faults.py stops all four
@@ -140,6 +142,9 @@ full_steps() {
   step -m benchmarks.exact_cost --np 2,3 --image-size resnet18=224 --steps 6 --repeats 4 --out "$OUT"
   # The verdicts on a corpus of same-training and real-difference pairs, against floors of 1 to 5 disturbed runs.
   step -m benchmarks.verdicts --out "$OUT"
+  # The pairs computing in float16 / bfloat16 on both sides, and real differences under them (and two without).
+  step -m benchmarks.verdicts --max-floor 3 --out "$OUT/verdicts-precision" \
+      --cases fp16-both,fp16-both-mpi,bf16-both,momentum,weight-decay,fp16-lr+5%,fp16-weight-decay,fp16-momentum,bf16-clip
   # What the probe of compare-backends --scripts costs a user's DDP script: resnet18 224x224 and convnet 32x32.
   step -m benchmarks.probe_cost --np 2 --cases resnet18=224,convnet=32 --repeats 3 --out "$OUT"
   # Ctrl-C to exit, per launcher, with steps of seconds.

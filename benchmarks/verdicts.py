@@ -215,11 +215,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--max-floor", type=int, default=5, help="judge against floors of 1..N disturbed runs")
     p.add_argument("--quick", action="store_true", help="two pairs at a tiny size (a check of the pipeline)")
+    p.add_argument("--cases", default="", help="only these pairs of the corpus, by name (comma-separated)")
     add_timeout(p, 900, "seconds before a run is stopped")
     add_places(p, "runs/bench-verdicts")
     args = p.parse_args(argv)
-    record = Record("verdicts", argv)
     corpus = QUICK if args.quick else CORPUS
+    if args.cases:
+        chosen = args.cases.split(",")
+        unknown = sorted(set(chosen) - {c.name for c in corpus})
+        if unknown:
+            p.error(f"--cases: no pair named {', '.join(unknown)}; the corpus has {', '.join(c.name for c in corpus)}")
+        corpus = [c for c in corpus if c.name in chosen]
+    record = Record("verdicts", argv)
     runner = Runner(args.work, args.timeout)
     settings = sorted({c.setting for c in corpus}, key=lambda s: s.name)
     floors = {s: floor_runs(runner, s, args.max_floor) for s in settings}
