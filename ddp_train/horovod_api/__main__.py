@@ -21,7 +21,7 @@ import sys
 if not sys.flags.safe_path and sys.path and sys.path[0] in ("", os.getcwd()):
     del sys.path[0]
 
-from common.errors import print_error  # noqa: E402
+from common.errors import fail_usage  # noqa: E402
 from common.launch import userscript  # noqa: E402
 from common.launch.startup import pause_collector, resume_collector  # noqa: E402
 
@@ -29,10 +29,10 @@ PROG = "horovod_api"
 
 
 def refuse(message: str) -> None:
-    """What cannot start: one line on every rank, exit code 2."""
-    print_error(PROG, message)
+    """What cannot start: one line on every rank (each lingers for its siblings to print theirs before the launcher
+    stops them: common.errors.fail_usage), exit code 2."""
     sys.stdout.flush()
-    os._exit(2)
+    fail_usage(PROG, message)
 
 
 def main(argv=None) -> None:
