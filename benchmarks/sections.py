@@ -337,14 +337,20 @@ def _ended(run: Result) -> str:
     return f"ran ({run['seconds']:.0f} s)" if run.get("returncode") == 0 else f"**exit code {run.get('returncode')}**"
 
 
+def _weights_text(weights: Result, missing: str, apart: str) -> str:
+    """How two runs' final weights compare: 'bitwise equal', '‖Δ‖/‖w‖ X' (+ `apart`), or `missing`."""
+    if not weights.get("compared"):
+        return missing
+    return "bitwise equal" if weights["bitwise_equal"] else f"‖Δ‖/‖w‖ {weights['relative_difference']:.2g}{apart}"
+
+
 def horovod_examples(examples: Result) -> str:
     """Horovod's example scripts, unchanged: pytorch_mnist.py's final weights on the API against real Horovod (per
     world size, and at 3 ranks with fusion off), and the others on the API."""
     rows = []
     for key, case in examples.get("pytorch_mnist", {}).items():
         weights = case.get("weights", {})
-        same = (MISSING if not weights.get("compared") else "bitwise equal" if weights["bitwise_equal"]
-                else f"‖Δ‖/‖w‖ {weights['relative_difference']:.2g}")
+        same = _weights_text(weights, MISSING, "")
         ranks, _, fusion = key.partition("-")
         rows.append([f"pytorch_mnist.py, {ranks} ranks" + (", HOROVOD_FUSION_THRESHOLD=0" if fusion else ""),
                      _ended(case.get("horovod-gloo", {})), _ended(case.get("api", {})), same])
@@ -473,9 +479,7 @@ def horovod_api_sentence(results: Results) -> str:
     examples = (suite or {}).get("examples") or {}
     if examples.get("pytorch_mnist"):
         def weights(case: Result) -> str:
-            w = case.get("weights", {})
-            return ("not compared" if not w.get("compared") else "bitwise equal" if w["bitwise_equal"]
-                    else f"‖Δ‖/‖w‖ {w['relative_difference']:.2g} apart")
+            return _weights_text(case.get("weights", {}), "not compared", " apart")
 
         mnist = examples["pytorch_mnist"]
         parts.append("Horovod's pytorch_mnist.py against Horovod/Gloo, final weights: " + ", ".join(
