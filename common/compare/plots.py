@@ -9,15 +9,14 @@ from typing import Any, Dict, List, Optional, Sequence
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-from common.rundir.reader import Run  # noqa: E402
-from . import speed_plots  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from .results import ParityResult  # noqa: E402
-from .speed_plots import color_of, empty, save, style_of  # noqa: E402
+from common.rundir.reader import Run
+from . import speed_plots
+from .results import ParityResult
+from .speed_plots import color_of, empty, save, style_of
 
 #: every figure of a report, by its name in summary.json
 PLOTS = {"curves": "curves.png", **speed_plots.FILES, "parity": "parity.png"}

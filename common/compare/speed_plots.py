@@ -10,11 +10,11 @@ from typing import Any, Dict, List, Sequence, Tuple
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-from . import stats  # noqa: E402
+from . import stats
 
 #: the files these figures are written to, in a report's folder
 FILES = {"throughput": "throughput.png", "scaling": "scaling_efficiency.png", "time_split": "time_split.png"}

@@ -21,9 +21,9 @@ import sys
 if not sys.flags.safe_path and sys.path and sys.path[0] in ("", os.getcwd()):
     del sys.path[0]
 
-from common.errors import fail_usage  # noqa: E402
-from common.launch import userscript  # noqa: E402
-from common.launch.startup import pause_collector, resume_collector  # noqa: E402
+from common.errors import fail_usage
+from common.launch import userscript
+from common.launch.startup import pause_collector, resume_collector
 
 PROG = "horovod_api"
 

@@ -6,24 +6,38 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import elastic  # noqa: F401  (hvd.elastic)
-from .compression import Compression  # noqa: F401
-from .errors import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
-from .objects import (allgather_object, broadcast_object, broadcast_optimizer_state,  # noqa: F401
+from . import elastic
+from .compression import Compression
+from .errors import HorovodInternalError, HostsUpdatedInterrupt
+from .objects import (allgather_object, broadcast_object, broadcast_optimizer_state,
                       broadcast_parameters)
-from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,  # noqa: F401
+from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
                   allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
                   broadcast_, broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
                   grouped_allreduce, grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
                   grouped_reducescatter, grouped_reducescatter_async, handle_average_backwards_compatibility, join,
                   poll, reducescatter, reducescatter_async, sparse_allreduce_async, synchronize)
-from .optimizer import DistributedOptimizer  # noqa: F401
-from .process_sets import ProcessSet, global_process_set  # noqa: F401
-from .runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,  # noqa: F401
+from .optimizer import DistributedOptimizer
+from .process_sets import ProcessSet, global_process_set
+from .runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
                       local_size, rank, shutdown, size)
-from .sets import add_process_set, remove_process_set  # noqa: F401
-from .sync_batch_norm import SyncBatchNorm  # noqa: F401
-from .timeline import start_timeline, stop_timeline  # noqa: F401
+from .sets import add_process_set, remove_process_set
+from .sync_batch_norm import SyncBatchNorm
+from .timeline import start_timeline, stop_timeline
+
+# What `import horovod.torch as hvd` offers: Horovod's names, from the modules that implement them here.
+__all__ = ["elastic", "Compression", "HorovodInternalError", "HostsUpdatedInterrupt", "allgather_object",
+           "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "Adasum", "Average", "Max",
+           "Min", "Product", "Sum", "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async",
+           "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
+           "broadcast_async_", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
+           "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
+           "grouped_reducescatter_async", "handle_average_backwards_compatibility", "join", "poll", "reducescatter",
+           "reducescatter_async", "sparse_allreduce_async", "synchronize", "DistributedOptimizer", "ProcessSet",
+           "global_process_set", "cross_rank", "cross_size", "init", "is_homogeneous", "is_initialized",
+           "local_rank", "local_size", "rank", "shutdown", "size", "add_process_set", "remove_process_set",
+           "SyncBatchNorm", "start_timeline", "stop_timeline", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+           "gloo_built", "gloo_enabled", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built"]
 
 
 def mpi_built() -> bool:
