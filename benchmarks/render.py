@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Sequence
 
 from .jobs import parser, refuse
 from .machine import REPO
@@ -31,7 +31,7 @@ PLACEHOLDER = re.compile(r"\{\{([^{}]+)\}\}")
 
 def machines(results: Results) -> str:
     """The machines the results ran on, each with the results measured on it."""
-    described: Dict[str, List[str]] = {}
+    described: dict[str, list[str]] = {}
     for file in results.all_files():
         m = (results.get(file) or {})["machine"]
         v = m["versions"]
@@ -46,32 +46,27 @@ def machines(results: Results) -> str:
 
 
 #: placeholders that are not a result file
-BLOCKS: Dict[str, Callable[..., str]] = {"machines": machines, "targets": targets,
+BLOCKS: dict[str, Callable[..., str]] = {"machines": machines, "targets": targets,
                                          "target": lambda results, which: target(which)}
 
 
-def expand(call: str, results: Results) -> str:
-    """One placeholder's text; ValueError naming the placeholder when it cannot be drawn from the results."""
-    word, *options = call.split()
-    try:
-        return BLOCKS[word](results, *options) if word in BLOCKS else framed(results, word, *options)
-    except (KeyError, TypeError, ValueError, StopIteration) as exc:
-        raise ValueError(f"{{{{{call}}}}}: {exc!r}") from None
-
-
 def render(template: str, results: Results) -> str:
-    """The document: `template` with every placeholder replaced; a placeholder inside a list item keeps the item's
-    indentation on every line it adds."""
+    """The document: `template` with every placeholder replaced (ValueError naming one that cannot be drawn from
+    the results); a placeholder inside a list item keeps the item's indentation on every line it adds."""
     def replace(match: re.Match) -> str:
+        word, *options = match[1].split()
+        try:
+            text = BLOCKS[word](results, *options) if word in BLOCKS else framed(results, word, *options)
+        except (KeyError, TypeError, ValueError, StopIteration) as exc:
+            raise ValueError(f"{{{{{match[1]}}}}}: {exc!r}") from None
         line = match.string[match.string.rfind("\n", 0, match.start()) + 1:match.start()]
         indent = line[:len(line) - len(line.lstrip())]
-        return "\n".join(part if not part or i == 0 else indent + part
-                         for i, part in enumerate(expand(match[1], results).split("\n")))
+        return "\n".join(part if not part or i == 0 else indent + part for i, part in enumerate(text.split("\n")))
 
     return PLACEHOLDER.sub(replace, template)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Render (or check) the document: 0 when written or up to date, 1 when --check finds it out of date, 2 on bad
     input."""
     p = parser("render", __doc__)
@@ -86,13 +81,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         text = render(args.template.read_text(), Results(args.results))
     except ValueError as exc:
         return refuse("render", str(exc))
-    if args.check:
-        if args.out.is_file() and args.out.read_text() == text:
-            return 0
+    if not args.check:
+        args.out.write_text(text)
+        print(f"render: wrote {args.out}")
+    elif not args.out.is_file() or args.out.read_text() != text:
         print(f"render: {args.out} is not what the results give; run python -m benchmarks.render", file=sys.stderr)
         return 1
-    args.out.write_text(text)
-    print(f"render: wrote {args.out}")
     return 0
 
 

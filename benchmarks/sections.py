@@ -10,16 +10,17 @@ import re
 import shlex
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable
 
 from common.compare import tables
 from common.compare.analysis import FLOOR_MARGIN
+from common.compare.arguments import byte_size
 from common.compare.conditions import conditions
 from common.compare.floor import DEFAULT_FLOOR_RUNS
 from common.compare.stats import split_key
 
-Result = Dict[str, Any]
-MISSING, table, size = tables.MISSING, tables.markdown, tables.size
+Result = dict[str, Any]
+MISSING, table, size, number, percent = tables.MISSING, tables.markdown, tables.size, tables.number, tables.percent
 NAMES = {"torch-gloo": "torch gloo", "horovod-gloo": "Horovod/Gloo", "horovod-mpi": "Horovod/MPI", "ddp": "DDP",
          "mpi": "Open MPI alone", "bare-ddp": "bare DDP (seed)", "bare-ddp-batched": "bare DDP (batched)",
          "independent": "independent N x 1", "api": "the Horovod API (torchrun)"}
@@ -29,6 +30,12 @@ KNOB_RECORDS = {"HOROVOD_CYCLE_TIME": ("cycle_time_ms", "cycle_time_source", " m
                 "OMPI_MCA_mpi_yield_when_idle": ("mpi_yield_when_idle", "mpi_yield_source", ""),
                 "deterministic": ("fusion_threshold_bytes", "", " B fusion threshold"),
                 "HVD_TRAIN_WAIT": ("wait", "wait_source", "")}
+#: how a test of Horovod's suite can end, in the order the tables give them
+ENDS = ("passed", "failed", "error", "skipped", "hung", "crashed", "not run")
+#: Horovod's examples run on the API alone, at 2 ranks
+API_EXAMPLES = ("pytorch_synthetic_benchmark", "pytorch_imagenet_resnet50", "pytorch_mnist_elastic")
+#: the folders of a path in a test's message (`.../torch/optim/_muon.py:134` -> `_muon.py:134`)
+FOLDERS = re.compile(r"(?:/[^\s/:]+)+/")
 
 
 class Results:
@@ -36,12 +43,12 @@ class Results:
 
     def __init__(self, folder: Path, shown_as: str = "benchmarks/results") -> None:
         self.folder, self.shown_as = Path(folder), shown_as
-        self._read: Dict[str, Optional[Result]] = {}
+        self._read: dict[str, Result | None] = {}
 
     def path(self, file: str) -> str:
         return f"{self.shown_as}/{file}"
 
-    def get(self, file: str) -> Optional[Result]:
+    def get(self, file: str) -> Result | None:
         """The parsed result, None when the file does not exist; ValueError when it is not JSON."""
         if file not in self._read:
             found = self.folder / file
@@ -51,25 +58,29 @@ class Results:
                 raise ValueError(f"{found} is not JSON ({exc}); run its step of benchmarks/run_all.sh again") from None
         return self._read[file]
 
-    def all_files(self) -> List[str]:
+    def all_files(self) -> list[str]:
         """Every benchmark result in the folder (JSON with a "benchmark" field), sorted."""
         files = sorted(str(p.relative_to(self.folder)) for p in self.folder.rglob("*.json"))
         return [f for f in files if "benchmark" in (self.get(f) or {})]
 
+    def missing(self, file: str = "") -> str:
+        """The note that stands where a result is not there yet."""
+        return f"_Not measured yet: `benchmarks/run_all.sh` writes {f'`{self.path(file)}`' if file else 'them'}._"
 
-def rounded(value: Optional[float], digits: int = 3) -> str:
+
+def rounded(value: float | None, digits: int = 3) -> str:
     """`digits` significant digits without an exponent: 2162.8 -> "2163", 15.43 -> "15.4", 0.1362 -> "0.136"."""
     if value is None or not math.isfinite(value):
         return MISSING
     return "0" if value == 0 else f"{value:.{max(0, digits - 1 - math.floor(math.log10(abs(value))))}f}"
 
 
-def ms(seconds: Optional[float]) -> str:
+def ms(seconds: float | None) -> str:
     """Seconds as milliseconds, two significant digits: "0.14 ms", "15 ms"."""
     return MISSING if seconds is None else f"{rounded(seconds * 1e3, 2)} ms"
 
 
-def spread_cell(cell: Optional[Dict[str, float]]) -> str:
+def spread_cell(cell: dict[str, float] | None) -> str:
     """A median with its range, three significant digits: "1361 (1227–1632)"."""
     if not cell:
         return MISSING
@@ -77,12 +88,17 @@ def spread_cell(cell: Optional[Dict[str, float]]) -> str:
     return tables.measured(cell["median"], cell["min"], cell["max"], f".{decimals}f")
 
 
-def met(ok: Optional[bool]) -> str:
+def met(ok: bool | None) -> str:
     return "not measured" if ok is None else "yes" if ok else "no"
 
 
 def name(label: str) -> str:
     return NAMES.get(label, label)
+
+
+def square(model: str, side: int) -> str:
+    """A model at an image size: "resnet18 224x224"."""
+    return f"{model} {side}x{side}"
 
 
 def setting(case: Result) -> str:
@@ -92,12 +108,12 @@ def setting(case: Result) -> str:
     return f"{case['knob']} unset (auto)" if case["value"] == "auto" else f"{case['knob']}={case['value']}"
 
 
-def row_at(series: Result, nbytes: int) -> Optional[Result]:
+def row_at(series: Result, nbytes: int) -> Result | None:
     """An allreduce series' row at `nbytes`, None when it was not measured."""
     return next((r for r in series["results"] if r["bytes"] == nbytes), None)
 
 
-def _allreduce_cell(row: Optional[Result]) -> str:
+def _allreduce_cell(row: Result | None) -> str:
     """Time per allreduce; from 1 MB up also busbw and its share of the limit."""
     if row is None or row["bytes"] < 2**20:
         return ms(row["time_s"]) if row else MISSING
@@ -122,8 +138,6 @@ def allreduce(ar: Result, sizes: str = "") -> str:
         rows = [[a] + [_allreduce_cell(cells.get((a, col))) for col in columns]
                 for a in dict.fromkeys(a for a, _ in cells)]
         return text + f"At {size(largest)}:\n\n" + table(["algorithm", *columns], rows)
-    from common.compare.arguments import byte_size
-
     shown = [b for b in sorted({r["bytes"] for s in series for r in s["results"]})
              if not sizes or b in {byte_size(s) for s in sizes.split(",")}]
     return text + table(["size", *columns],
@@ -149,16 +163,15 @@ def throughput(tp: Result) -> str:
             split_key(key)[1], RUN_ORDER.index(split_key(key)[0]) if split_key(key)[0] in RUN_ORDER else 99))
         for i, key in enumerate(keys):
             (label, world), split, n = split_key(key), case["time_split"].get(key) or {}, str(key.split("@")[1])
-            what = f"{case['model']} {case['image_size']}x{case['image_size']}" + (f", {setting(case)}" if knob else "")
+            what = square(case["model"], case["image_size"]) + (f", {setting(case)}" if knob else "")
             rows.append([what if i == 0 else "", (_knob_used(case, knob) if knob else "") if i == 0 else "",
                          name(label), world, spread_cell(case["throughput"][key]),
-                         tables.number(case["scaling_efficiency"].get(label, {}).get(n), ".2f"),
-                         tables.percent(case["exchange_overhead"].get(label, {}).get(n)),
-                         *(tables.number(case[r].get(n) if label == "ddp" else None, ".2f")
+                         number(case["scaling_efficiency"].get(label, {}).get(n), ".2f"),
+                         percent(case["exchange_overhead"].get(label, {}).get(n)),
+                         *(number(case[r].get(n) if label == "ddp" else None, ".2f")
                            for r in ("loop_ratio", "loop_ratio_batched")),
                          rounded(split.get("comm_ms"), 2), rounded(split.get("step_ms"), 3),
-                         tables.percent(split.get("data_frac")),
-                         tables.number(case["throughput"][key]["job_cpu_s"], ".0f")])
+                         percent(split.get("data_frac")), number(case["throughput"][key]["job_cpu_s"], ".0f")])
     headers = ["case", f"{knob} used", "run", "world size", "samples/s", "scaling eff.", "exchange overhead",
                "loop / bare (seed)", "loop / bare (batched)", "comm ms/step", "step ms", "data %", "job CPU s"]
     kept = [i for i in range(len(headers)) if any(row[i] not in ("", MISSING) for row in rows)]
@@ -174,20 +187,20 @@ def loop_overhead(result: Result) -> str:
     """µs per step of each piece of bookkeeping, and its share of the step, per model."""
     models = result["rows"]
     pieces = dict.fromkeys(p for m in models for p in m["costs_s"])
-    headers = ["piece", *(h for m in models for h in (f"{m['model']} {m['image_size']}x{m['image_size']}: µs per step",
+    headers = ["piece", *(h for m in models for h in (f"{square(m['model'], m['image_size'])}: µs per step",
                                                       f"share of its step ({ms(m['step_s'])})"))]
-    rows = [[piece, *(c for m in models for c in ((rounded(m["costs_s"][piece] * 1e6, 2), tables.percent(
+    rows = [[piece, *(c for m in models for c in ((rounded(m["costs_s"][piece] * 1e6, 2), percent(
         m["costs_s"][piece] / m["step_s"], ".3f")) if piece in m["costs_s"] else (MISSING, MISSING)))]
             for piece in pieces]
     rows.append(["**total**", *(c for m in models for c in (f"**{rounded(m['total_s'] * 1e6, 3)}**",
-                                                             f"**{tables.percent(m['share_of_step'], '.3f')}**"))])
+                                                             f"**{percent(m['share_of_step'], '.3f')}**"))])
     return f"One thread, per-rank batch {models[0]['batch_size']}.\n\n" + table(headers, rows)
 
 
 def ddp_comm_hook(result: Result) -> str:
     """Built-in allreduce against the timing comm hook, ms per step, one row per job."""
     st = result["settings"]
-    return (f"{st['model']} {st['image_size']}x{st['image_size']}, per-rank batch {st['batch_size']}, world size "
+    return (f"{square(st['model'], st['image_size'])}, per-rank batch {st['batch_size']}, world size "
             f"{st['world_size']}, one thread per rank; median ms per step of the slowest rank:\n\n"
             + table(["job", "built-in allreduce ms", "Python comm hook ms", "hook − built-in"],
                     [[r["run"], f"{r['builtin_ms']:.2f}", f"{r['python_hook_ms']:.2f}", f"{100 * r['hook_cost']:+.1f}%"]
@@ -197,7 +210,7 @@ def ddp_comm_hook(result: Result) -> str:
 def probe_cost(result: Result) -> str:
     """A user's DDP script bare and under the probe, samples/s per job and the cost."""
     st = result["settings"]
-    rows = [[f"{r['model']} {r['image_size']}x{r['image_size']}", *(" ".join(f"{v:.1f}" for v in r[k]) for k in (
+    rows = [[square(r["model"], r["image_size"]), *(" ".join(f"{v:.1f}" for v in r[k]) for k in (
         "bare_samples_per_s", "probed_samples_per_s")), MISSING if r["cost"] is None else f"{100 * r['cost']:+.1f}%"]
             for r in result["rows"]]
     return (f"World size {st['world_size']} under {st['launcher']}, per-rank batch {st['batch_size']}, {st['threads']} "
@@ -220,8 +233,8 @@ def horovod_cycle(result: Result) -> str:
 def stop_latency(result: Result) -> str:
     """Seconds from a Ctrl-C to the last rank's and the launcher's exit, per launcher, against the bound."""
     st = result["settings"]
-    rows = [[r["launcher"], f"{r['step_s']:.1f}", tables.number(r["ranks_exit_s"], ".1f"),
-             f"{r['launcher_exit_s']:.1f}", f"{r['bound_s']:.1f}", met(r["within_bound"]),
+    rows = [[r["launcher"], f"{r['step_s']:.1f}", number(r["ranks_exit_s"], ".1f"), f"{r['launcher_exit_s']:.1f}",
+             f"{r['bound_s']:.1f}", met(r["within_bound"]),
              f"step {r['stopped_step']}" if r["checkpoint_written"] else "**none**", str(r["exit_code"])]
             for r in result["rows"]]
     return (f"{st['np']} ranks, `{' '.join(st['train_args'])}`; SIGINT to the launcher's process group after "
@@ -238,7 +251,7 @@ def verdicts(result: Result) -> str:
             for g in result["grid"]]
     rows = [[c["name"], c["what"], c["setting"],
              "same training" if c["kind"] == "same" else f"differs from step {c['expected_step']}",
-             tables.number((j.get("largest_band_ratio") or {}).get("ratio"), ".3g"),
+             number((j.get("largest_band_ratio") or {}).get("ratio"), ".3g"),
              ", ".join(f"{q} at {step}" for q, step in sorted((j.get("branches") or {}).items())) or "–",
              j.get("trains_differently_from") or "–", "yes" if j.get("correct") else "**no**"]
             for c in cases for j in [c["judged"].get(key) or {}]]
@@ -261,7 +274,7 @@ def exact_cost(result: Result) -> str:
     for model, np in sorted({(m, n) for m, n, _ in speed}):
         a, e, c = speed.get((model, np, "allreduce")), speed.get((model, np, "exact")), cost.get((model, np))
         repeats = (c or {}).get("per_repeat")
-        rows.append([f"{model} {st['image_sizes'][model]}x{st['image_sizes'][model]}", np,
+        rows.append([square(model, st["image_sizes"][model]), np,
                      *(spread_cell(m["samples_per_s"]) if m else MISSING for m in (a, e)),
                      f"{c['step_time_ratio']:.2f}x" if c else MISSING,
                      f"{repeats['min']:.2f}–{repeats['max']:.2f}x" if repeats else MISSING,
@@ -287,47 +300,37 @@ def exact_cost(result: Result) -> str:
 
 def horovod_api(result: Result) -> str:
     """Horovod's synthetic benchmark script on the project's Horovod API and on real Horovod: img/s per backend."""
-    rows = [[name(label), f"{b['median']:.2f}", tables.percent(b["spread"]), " ".join(f"{v:.2f}" for v in b["img_s"]),
-             tables.number(result["ratios"].get(f"api/{label}"), ".3f")] for label, b in result["backends"].items()]
-    return (f"{result['model']} {result['image_size']}x{result['image_size']}, batch {result['batch_size']}, "
-            f"{result['np']} ranks, {result['threads_per_rank']} thread per rank, {result['repeats']} repeats:\n\n"
+    rows = [[name(label), f"{b['median']:.2f}", percent(b["spread"]), " ".join(f"{v:.2f}" for v in b["img_s"]),
+             number(result["ratios"].get(f"api/{label}"), ".3f")] for label, b in result["backends"].items()]
+    return (f"{square(result['model'], result['image_size'])}, batch {result['batch_size']}, {result['np']} ranks, "
+            f"{result['threads_per_rank']} thread per rank, {result['repeats']} repeats:\n\n"
             + table(["backend", "img/s (median)", "spread (max/min − 1)", "each repeat", "the API's median / this"],
                     rows))
 
 
 def horovod_suite(result: Result) -> str:
-    """Horovod's own test suite (test_torch.py) per run and world size: how its tests ended; then its examples."""
-    ends = ("passed", "failed", "error", "skipped", "hung", "crashed", "not run")
-    text = (f"`{result['test_file']}` of Horovod at {str(result.get('horovod_revision'))[:12]}, {result['tests']} "
-            f"tests, at most {result['test_timeout_s']:g} s each:\n\n" + table(
-                ["run", "ranks", *ends, "seconds", "launches"],
-                [[name(run["label"]), run["np"], *(run["counts"].get(end, 0) for end in ends),
-                  f"{run['seconds']:.0f}", run["launches"]] for run in result["runs"]]))
-    text += "\n\n" + api_not_passed(result)
-    return text + ("\n\n" + horovod_examples(result["examples"]) if result.get("examples") else "")
-
-
-def _file_only(message: str) -> str:
-    """A test's message with every path cut to its file name (`.../torch/optim/_muon.py:134` -> `_muon.py:134`)."""
-    return re.sub(r"(?:/[^\s/:]+)+/", "", message)
-
-
-def api_not_passed(result: Result) -> str:
-    """Every test the API did not pass at some world size, with how it ended there and its first message, and how
-    real Horovod's runs of it ended."""
+    """Horovod's own test suite (test_torch.py) per run and world size: how its tests ended; every test the API did
+    not pass, with how it ended at each world size (paths cut to file names) and how real Horovod's runs of it
+    ended; then its examples."""
     lines = []
     for test, runs in result["results"].items():
         api = {key: run for key, run in runs.items() if key.startswith("api@")}
         if all(run["outcome"] == "passed" for run in api.values()):
             continue
-        ends = "; ".join(f"{key.split('@')[1]} ranks: {run['outcome']}" + (f" ({_file_only(run['message'])[:160]})"
-                                                                           if run.get("message") else "")
-                         for key, run in sorted(api.items()))
+        ends = "; ".join(f"{key.split('@')[1]} ranks: {run['outcome']}" + (
+            f" ({FOLDERS.sub('', run['message'])[:160]})" if run.get("message") else "")
+            for key, run in sorted(api.items()))
         horovod = ", ".join(f"{name(key.split('@')[0])} at {key.split('@')[1]}: {run['outcome']}"
                             for key, run in sorted(runs.items()) if not key.startswith("api@"))
         lines.append(f"- `{test.split('::')[-1]}`: {ends}" + (f"; real Horovod: {horovod}" if horovod else ""))
-    return ("Every test the API does not pass, as it ended:\n\n" + "\n".join(lines) if lines
-            else "The API passes every test at every world size.")
+    return (f"`{result['test_file']}` of Horovod at {str(result.get('horovod_revision'))[:12]}, {result['tests']} "
+            f"tests, at most {result['test_timeout_s']:g} s each:\n\n"
+            + table(["run", "ranks", *ENDS, "seconds", "launches"],
+                    [[name(run["label"]), run["np"], *(run["counts"].get(end, 0) for end in ENDS),
+                      f"{run['seconds']:.0f}", run["launches"]] for run in result["runs"]])
+            + ("\n\nEvery test the API does not pass, as it ended:\n\n" + "\n".join(lines) if lines
+               else "\n\nThe API passes every test at every world size.")
+            + ("\n\n" + horovod_examples(result["examples"]) if result.get("examples") else ""))
 
 
 def _ended(run: Result) -> str:
@@ -337,26 +340,27 @@ def _ended(run: Result) -> str:
     return f"ran ({run['seconds']:.0f} s)" if run.get("returncode") == 0 else f"**exit code {run.get('returncode')}**"
 
 
-def _weights_text(weights: Result, missing: str, apart: str) -> str:
+def _weights_text(weights: Result, missing: str, apart: str = "") -> str:
     """How two runs' final weights compare: 'bitwise equal', '‖Δ‖/‖w‖ X' (+ `apart`), or `missing`."""
     if not weights.get("compared"):
         return missing
     return "bitwise equal" if weights["bitwise_equal"] else f"‖Δ‖/‖w‖ {weights['relative_difference']:.2g}{apart}"
 
 
+def _mnist_case(key: str, joined: str = ", ") -> str:
+    """A pytorch_mnist.py case by its key: "2 ranks"; "3 ranks, HOROVOD_FUSION_THRESHOLD=0" for "3-fusion-off"."""
+    ranks, _, fusion = key.partition("-")
+    return f"{ranks} ranks" + (f"{joined}HOROVOD_FUSION_THRESHOLD=0" if fusion else "")
+
+
 def horovod_examples(examples: Result) -> str:
     """Horovod's example scripts, unchanged: pytorch_mnist.py's final weights on the API against real Horovod (per
     world size, and at 3 ranks with fusion off), and the others on the API."""
-    rows = []
-    for key, case in examples.get("pytorch_mnist", {}).items():
-        weights = case.get("weights", {})
-        same = _weights_text(weights, MISSING, "")
-        ranks, _, fusion = key.partition("-")
-        rows.append([f"pytorch_mnist.py, {ranks} ranks" + (", HOROVOD_FUSION_THRESHOLD=0" if fusion else ""),
-                     _ended(case.get("horovod-gloo", {})), _ended(case.get("api", {})), same])
-    for script in ("pytorch_synthetic_benchmark", "pytorch_imagenet_resnet50", "pytorch_mnist_elastic"):
-        if script in examples:
-            rows.append([f"{script}.py, 2 ranks", "", _ended(examples[script]), ""])
+    rows = [[f"pytorch_mnist.py, {_mnist_case(key)}", _ended(case.get("horovod-gloo", {})),
+             _ended(case.get("api", {})), _weights_text(case.get("weights", {}), MISSING)]
+            for key, case in examples.get("pytorch_mnist", {}).items()]
+    rows += [[f"{script}.py, 2 ranks", "", _ended(examples[script]), ""] for script in API_EXAMPLES
+             if script in examples]
     return "Horovod's examples, unchanged:\n\n" + table(
         ["script", "real Horovod (horovodrun --gloo)", "the API (torchrun)", "final weights"], rows)
 
@@ -370,7 +374,7 @@ def port_speed(result: Result) -> str:
 
 
 #: a result's "benchmark" -> its section: (result, options from the placeholder) -> markdown
-SECTIONS: Dict[str, Callable[..., str]] = {
+SECTIONS: dict[str, Callable[..., str]] = {
     "allreduce": allreduce, "throughput": throughput, "loop_overhead": loop_overhead, "ddp_comm_hook": ddp_comm_hook,
     "probe_cost": probe_cost, "horovod_cycle": horovod_cycle, "stop_latency": stop_latency, "verdicts": verdicts,
     "exact_cost": exact_cost, "horovod_api": horovod_api, "horovod_suite": horovod_suite, "port_speed": port_speed}
@@ -387,7 +391,7 @@ def section(result: Result, *options: str) -> str:
 
 def command_block(command: str, width: int = 100) -> str:
     """A command in a bash block, wrapped between options (an option stays with its values)."""
-    groups: List[str] = []
+    groups: list[str] = []
     for word in shlex.split(command):
         if groups and not word.startswith("-"):
             groups[-1] += " " + shlex.quote(word)
@@ -408,7 +412,7 @@ def framed(results: Results, file: str, *options: str) -> str:
     that it is not measured yet, while the file is not there)."""
     result = results.get(file)
     if result is None:
-        return f"_Not measured yet: `benchmarks/run_all.sh` writes `{results.path(file)}`._"
+        return results.missing(file)
     day = datetime.fromtimestamp(result["started"], tz=timezone.utc).strftime("%Y-%m-%d")
     revision = (result["machine"].get("versions") or {}).get("project_git")
     at = (revision[:12] + ("-dirty" if revision.endswith("-dirty") else "")) if revision else "no recorded revision"
@@ -426,7 +430,7 @@ def verdicts_sentence(results: Results, file: str) -> str:
     """The verdict corpus in a few sentences, as docs/comparing.md quotes it (tests/test_docs.py checks)."""
     result = results.get(file)
     if result is None:
-        return f"_Not measured yet: `benchmarks/run_all.sh` writes `{results.path(file)}`._"
+        return results.missing(file)
     at, key = {(g["floor_runs"], g["margin"]): g for g in result["grid"]}, f"{DEFAULT_FLOOR_RUNS}@{FLOOR_MARGIN:g}"
 
     def ratio(case: Result, where: str = key) -> float:
@@ -435,7 +439,7 @@ def verdicts_sentence(results: Results, file: str) -> str:
     same, real = ([c for c in result["cases"] if c["kind"] == kind] for kind in ("same", "real"))
     by_lr = [c for c in real if ratio(c) <= FLOOR_MARGIN and c["judged"][key]["correct"]]
 
-    def alarms_of(cell: Result, where: str) -> tuple:
+    def alarms_of(cell: Result, where: str) -> tuple[list[Result], str]:
         """The same-training pairs called beyond, and how they read: ' (name, Nx what rounding gives; ...)' or ''."""
         alarms = [c for c in same if c["name"] in cell["false_alarms"]]
         read = "; ".join(f"{c['name']}, {ratio(c, where):,.0f}x what rounding gives" for c in alarms)
@@ -459,40 +463,30 @@ def verdicts_sentence(results: Results, file: str) -> str:
     return text + "."
 
 
-
 def horovod_api_sentence(results: Results) -> str:
     """Horovod's suite counts per run and world size and the synthetic benchmark's ratios, as docs/horovod-api.md
     quotes them (tests/test_docs.py checks)."""
     suite, speed = results.get("horovod_suite.json"), results.get("horovod_api.json")
     parts = []
     if suite is not None:
-        def ended(counts: Result) -> str:
-            others = [f"{counts[end]} {end}" for end in ("failed", "error", "skipped", "hung", "crashed", "not run")
-                      if counts.get(end)]
-            return f"{counts.get('passed', 0)} passed" + (f" ({', '.join(others)})" if others else "")
-
-        by_np: Dict[int, List[str]] = {}
+        by_np: dict[int, list[str]] = {}
         for run in suite["runs"]:
-            by_np.setdefault(run["np"], []).append(f"{name(run['label'])} {ended(run['counts'])}")
+            others = ", ".join(f"{run['counts'][end]} {end}" for end in ENDS[1:] if run["counts"].get(end))
+            by_np.setdefault(run["np"], []).append(f"{name(run['label'])} {run['counts'].get('passed', 0)} passed"
+                                                   + (f" ({others})" if others else ""))
         parts.append(f"Of the suite's {suite['tests']} tests, " + "; ".join(
             f"at {np} ranks: " + ", ".join(rows) for np, rows in sorted(by_np.items())))
     examples = (suite or {}).get("examples") or {}
     if examples.get("pytorch_mnist"):
-        def weights(case: Result) -> str:
-            return _weights_text(case.get("weights", {}), "not compared", " apart")
-
-        mnist = examples["pytorch_mnist"]
         parts.append("Horovod's pytorch_mnist.py against Horovod/Gloo, final weights: " + ", ".join(
-            f"{key.split('-')[0]} ranks" + (" with HOROVOD_FUSION_THRESHOLD=0" if "-" in key else "")
-            + f" {weights(case)}" for key, case in mnist.items()))
-        others = [(script, examples[script]) for script in
-                  ("pytorch_synthetic_benchmark", "pytorch_imagenet_resnet50", "pytorch_mnist_elastic")
-                  if script in examples]
+            f"{_mnist_case(key, ' with ')} {_weights_text(case.get('weights', {}), 'not compared', ' apart')}"
+            for key, case in examples["pytorch_mnist"].items()))
         parts.append("At 2 ranks on the API: " + ", ".join(
-            f"{script}.py {'ran' if run.get('returncode') == 0 else 'FAILED'}" for script, run in others))
+            f"{script}.py {'ran' if examples[script].get('returncode') == 0 else 'FAILED'}" for script in API_EXAMPLES
+            if script in examples))
     if speed is not None:
         b = speed["backends"]
         parts.append(f"{speed['model']} at {speed['image_size']}, {speed['np']} ranks: " + ", ".join(
             f"{name(label)} {b[label]['median']:.2f} img/s" for label in b) + "; the API's median is "
             + ", ".join(f"{ratio:.2f}x {name(label.split('/')[1])}'s" for label, ratio in speed["ratios"].items()))
-    return ". ".join(parts) + "." if parts else "_Not measured yet: `benchmarks/run_all.sh` writes them._"
+    return ". ".join(parts) + "." if parts else results.missing()

@@ -8,23 +8,22 @@ which goes on showing a step for minutes after it ended.
 
 from __future__ import annotations
 
-import argparse
 import time
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Sequence
 
+from .jobs import parser
 from .machine import BUSY_LIMIT, cores, cpu_busy, load
 
-#: seconds over which the CPU's use is measured, each time it is checked
-SAMPLE_S = 3.0
+SAMPLE_S = 3.0  # seconds over which the CPU's use is measured, each time it is checked
 
 
-def quiet(busy: Optional[float]) -> bool:
+def quiet(busy: float | None) -> bool:
     """Whether the CPU's use leaves half the under-load limit free; without /proc/stat the 1-minute load decides."""
     return (load()["1m"] if busy is None else busy * cores()) <= 0.5 * BUSY_LIMIT * cores()
 
 
 def settle(max_s: float, poll_s: float = 2.0,
-           read_busy: Callable[[], Optional[float]] = lambda: cpu_busy(SAMPLE_S)) -> Tuple[float, Optional[float]]:
+           read_busy: Callable[[], float | None] = lambda: cpu_busy(SAMPLE_S)) -> tuple[float, float | None]:
     """Wait until the machine is quiet, at most `max_s` seconds: (the seconds waited, the CPU's use last read)."""
     start = time.monotonic()
     busy = read_busy()
@@ -34,10 +33,9 @@ def settle(max_s: float, poll_s: float = 2.0,
     return time.monotonic() - start, busy
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Settle, saying so when the wait was long or in vain."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.settle", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p = parser("settle", __doc__)
     p.add_argument("--max-s", type=float, default=300.0, help="wait at most this long (seconds)")
     waited, busy = settle(p.parse_args(argv).max_s)
     if not quiet(busy):

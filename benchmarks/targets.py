@@ -4,7 +4,7 @@ both sides of a ratio): yes when every repeat meets it, no when none does, undec
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Sequence
 
 from common.compare import stats, tables
 
@@ -15,7 +15,7 @@ TARGETS = {"loop_ratio": (1.02, "1.02"), "scaling": (0.90, "0.90"), "busbw_of_li
            "data_frac": (0.05, "5%"), "probe_cost": (0.02, "2%"), "exact_step": (1.10, "1.1x"),
            "overhead": (0.03, "3%"), "overhead_gloo": (0.06, "6%")}
 OVERHEAD_TARGET = {"ddp": "overhead", "horovod-mpi": "overhead", "horovod-gloo": "overhead_gloo"}
-Judged = Tuple[str, str]  # what was measured against a target, and whether it is met
+Judged = tuple[str, str]  # what was measured against a target, and whether it is met
 
 
 def target(which: str) -> str:
@@ -23,7 +23,7 @@ def target(which: str) -> str:
     return TARGETS[which][1]
 
 
-def per_repeat(case: Result, top: tuple, bottom: tuple, of: Callable[[float, float], float]) -> List[float]:
+def per_repeat(case: Result, top: tuple, bottom: tuple, of: Callable[[float, float], float]) -> list[float]:
     """`of(samples/s of top, samples/s of bottom)` for each repeat that has both runs, (label, world size) each."""
     found = [{r.get("repeat", 1): r["samples_per_s"] for r in case.get("runs", [])
               if (r.get("label"), r.get("world_size")) == side and r.get("samples_per_s")} for side in (top, bottom)]
@@ -142,7 +142,7 @@ def exact_target(result: Result) -> Judged:
 
 
 #: (what the target asks, the result files it is judged on, the judge)
-ROWS: List[Tuple[str, List[str], Callable[..., Judged]]] = [
+ROWS: list[tuple[str, list[str], Callable[..., Judged]]] = [
     (f"our loop's step time ≤ {target('loop_ratio')} x the bare DDP loop's, at world sizes 1 and 2",
      ["throughput.json"], loop_target),
     ("exchange overhead at world size 2 (against 2 independent processes), resnet18 224x224, batch 16, one thread "
@@ -162,9 +162,9 @@ ROWS: List[Tuple[str, List[str], Callable[..., Judged]]] = [
 
 def targets(results: Results) -> str:
     """The project's targets, what was measured against each (and where), and whether it is met."""
-    rows: List[List[Any]] = []
+    rows = []
     for asked, files, judge in ROWS:
-        found: List[Optional[Dict[str, Any]]] = [results.get(f) for f in files]
+        found = [results.get(f) for f in files]
         shown, verdict = judge(*found) if None not in found else ("not measured", "not measured")
         sources = " (" + ", ".join(f"`{results.path(f)}`" for f in files) + ")" if None not in found else ""
         rows.append([asked, shown + sources, verdict])
