@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from argparse import ArgumentParser
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -24,7 +25,7 @@ from common.launch.hosts import DEFAULT_PORT
 
 from .allreduce_worker import MPI_ALGORITHM_VARIABLE
 from .jobs import Env, Workers, add_np, add_out, add_timeout, parser, refuse, run_cli
-from .machine import Record, cores, figure_title, publish
+from .machine import cores, figure_title, publish
 
 #: series name -> (launcher that starts it, allreduce_worker --backend)
 SERIES = {"torch": ("torchrun", "torch"), "horovod-gloo": ("horovodrun-gloo", "horovod"),
@@ -54,7 +55,7 @@ def best_seconds(fn: Callable[[], object], repeats: int, threads: int = 1,
     return min(times)
 
 
-def copy_bandwidth(nbytes: int, repeats: int = 5) -> Dict[str, Any]:
+def copy_bandwidth(nbytes: int, repeats: int = 5) -> dict[str, Any]:
     """Memory-copy bandwidth (bytes copied per second) with one thread and with all cores, the better of the two
     the limit on CPU (a CPU allreduce moves every byte through memory at least once); on a GPU device to device."""
     src = torch.ones(nbytes // 4, dtype=torch.float32)
@@ -71,7 +72,7 @@ def copy_bandwidth(nbytes: int, repeats: int = 5) -> Dict[str, Any]:
     return out
 
 
-def copy_add_floor(nbytes: int, limit_GBps: float, repeats: int = 5) -> Dict[str, Any]:
+def copy_add_floor(nbytes: int, limit_GBps: float, repeats: int = 5) -> dict[str, Any]:
     """The least time a copy-based ring allreduce can take on this CPU, from what one thread (one rank's share of
     the cores) copies and adds per second on `nbytes` buffers. Per rank, a ring allreduce of S bytes over n ranks
     copies (n-1)/n x S in, adds it into its own and copies the reduced rest out: time >= (n-1)/n x S x (2/copy +
@@ -85,8 +86,8 @@ def copy_add_floor(nbytes: int, limit_GBps: float, repeats: int = 5) -> Dict[str
             "busbw_GBps": busbw, "of_limit": busbw / limit_GBps}
 
 
-def against_bounds(rows: List[Dict[str, Any]], world_size: int, limit_GBps: float, floor_busbw_GBps: float,
-                   link_GBps: Optional[float] = None) -> List[Dict[str, Any]]:
+def against_bounds(rows: list[dict[str, Any]], world_size: int, limit_GBps: float, floor_busbw_GBps: float,
+                   link_GBps: float | None = None) -> list[dict[str, Any]]:
     """A worker's rows with busbw against the limit (and the link), and the copy/add floor's time for each size."""
     for row in rows:
         row["busbw_of_limit"] = row["busbw_GBps"] / limit_GBps
@@ -96,7 +97,7 @@ def against_bounds(rows: List[Dict[str, Any]], world_size: int, limit_GBps: floa
     return rows
 
 
-def link_speed(hosts: str) -> Optional[Dict[str, Any]]:
+def link_speed(hosts: str) -> dict[str, Any] | None:
     """The link from this host to the first other host of `hosts`: interface, address and speed (None where the
     interface reports none). None on one host."""
     from common.launch.hosts import is_local, parse_hosts, resolve, route_to
@@ -114,10 +115,11 @@ def link_speed(hosts: str) -> Optional[Dict[str, Any]]:
             "GBps": mbps / 8 / 1000 if mbps > 0 else None}
 
 
-def build_parser() -> Any:
+def build_parser() -> ArgumentParser:
     p = parser("allreduce", __doc__)
     add_np(p, [2, 4], "world sizes, e.g. 2,4", dest="world_sizes")
-    p.add_argument("--backends", default=",".join(SERIES), help=f"comma-separated, from {', '.join(SERIES)}")
+    p.add_argument("--backends", type=arguments.csv_list(str, tuple(SERIES)), default=",".join(SERIES),
+                   help=f"comma-separated, from {', '.join(SERIES)}")
     add_out(p, "where the JSON and PNG go")
     p.add_argument("--min-bytes", type=arguments.byte_size, default=4)
     p.add_argument("--max-bytes", type=arguments.byte_size, default=256 * 2**20)
@@ -135,13 +137,10 @@ def build_parser() -> Any:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run every backend at every world size; exit 1 when a launch failed (the rest is still written)."""
     args = build_parser().parse_args(argv)
-    backends = [b for b in args.backends.split(",") if b]
-    if not backends or set(backends) - set(SERIES):
-        return refuse("allreduce", f"unknown backend {', '.join(sorted(set(backends) - set(SERIES))) or '(none)'}; "
-                                   f"choose from {', '.join(SERIES)}")
+    backends = args.backends
     if args.min_bytes > args.max_bytes:
         return refuse("allreduce", "--min-bytes is larger than --max-bytes; swap them")
     not_mpi = [b for b in backends if b not in OPEN_MPI_SERIES]
@@ -156,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 place(parse_hosts(args.hosts), np)
         except ValueError as exc:
             return refuse("allreduce", str(exc))
-    record = Record("allreduce", argv)
+    workers = Workers("allreduce", argv, args.out, args.timeout, hosts=args.hosts, port=args.port)
     copy_bytes = args.copy_bytes or max(args.max_bytes, 64 * 2**20)
     limit = copy_bandwidth(copy_bytes)
     floor = copy_add_floor(copy_bytes // 2, limit["limit_GBps"])
@@ -164,7 +163,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     worker_args = ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--factor",
                    str(args.factor), "--warmup", str(args.warmup)]
     worker_args += ["--iters", str(args.iters)] if args.iters else []
-    workers = Workers("allreduce", args.out, args.timeout, hosts=args.hosts, port=args.port)
     series = []
     for np in args.world_sizes:
         for name in backends:
@@ -187,13 +185,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    "placement": workers.last_placement,
                                    "results": against_bounds(data["results"], np, limit["limit_GBps"],
                                                              floor["busbw_GBps"], (link or {}).get("GBps"))})
-    report = {**record.header(), "hosts": args.hosts, "link": link, "memcpy": limit,
+    report = {**workers.record.header(), "hosts": args.hosts, "link": link, "memcpy": limit,
               "floor": floor, "series": series, "failures": workers.failures}
     report["plot"] = plot(report, args.out)
     return publish(report, args.out / "allreduce.json")
 
 
-def plot(report: Dict[str, Any], out: Path) -> str:
+def plot(report: dict[str, Any], out: Path) -> str:
     """allreduce.png: latency and bus bandwidth against message size, the limit, the floor and the link dotted."""
     import matplotlib
 

@@ -14,7 +14,7 @@ import sys
 import time
 from argparse import Namespace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Sequence, cast
 
 import torch
 import torch.distributed as dist
@@ -25,11 +25,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.inputs.models import build_model
 
 from .jobs import Workers, add_np, add_out, add_timeout, add_worker, parser, refuse
-from .machine import Record, publish
 
 
-
-def make(model_name: str, image_size: int, python_hook: bool) -> Tuple[DDP, torch.optim.Optimizer]:
+def make(model_name: str, image_size: int, python_hook: bool) -> tuple[DDP, torch.optim.Optimizer]:
+    """The model under DDP with its built-in allreduce or the same allreduce as a Python comm hook, and its SGD."""
     model = DDP(build_model(model_name, 3, image_size, 10, 0), forward_sync_buffers=False)
     if python_hook:
         default_group = cast(dist.ProcessGroup, None)  # the hook's None: the default group, as DDPBackend's
@@ -44,7 +43,7 @@ def worker(args: Namespace) -> int:
     size = int(args.image_size)
     variants = {kind: make(args.model, size, kind == "python_hook") for kind in ("builtin", "python_hook")}
     x, y = torch.randn(args.batch_size, 3, size, size), torch.randint(10, (args.batch_size,))
-    times: Dict[str, List[float]] = {kind: [] for kind in variants}
+    times: dict[str, list[float]] = {kind: [] for kind in variants}
     for _ in range(args.blocks):
         for kind, (model, opt) in variants.items():
             for i in range(args.steps):
@@ -68,7 +67,7 @@ def worker(args: Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the A/B jobs (or be one rank, with --worker); exit 1 when a job failed, 2 on bad input."""
     p = parser("ddp_comm_hook", __doc__)
     add_np(p, 2, "ranks of each run")
@@ -86,20 +85,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return worker(args)
     if min(args.np, args.runs, args.blocks) < 1 or args.steps < 3:
         return refuse("ddp_comm_hook", "--np, --runs and --blocks must be >= 1 and --steps >= 3 (2 are untimed)")
-    record = Record("ddp_comm_hook", argv)
-    workers = Workers("ddp_comm_hook", args.out, args.timeout)
+    workers = Workers("ddp_comm_hook", argv, args.out, args.timeout)
     worker_args = ["--worker", "--model", args.model, "--image-size", str(args.image_size), "--batch-size",
                    str(args.batch_size), "--blocks", str(args.blocks), "--steps", str(args.steps)]
-    rows: List[Dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     for run in range(1, args.runs + 1):
         ms = workers.run(str(run), "torchrun", args.np, "benchmarks.ddp_comm_hook", worker_args, run=run)
         if ms is not None:
             rows.append({"run": run, **ms, "hook_cost": ms["python_hook_ms"] / ms["builtin_ms"] - 1})
-    settings = {"world_size": args.np, "model": args.model, "image_size": args.image_size, "threads": 1,
-                "batch_size": args.batch_size, "blocks": args.blocks, "steps": args.steps}
-    report = {**record.header(), "settings": settings, "rows": rows,
-              "failures": workers.failures}
-    return publish(report, args.out / "ddp_comm_hook.json")
+    return workers.publish(rows=rows, settings={"world_size": args.np, "model": args.model, "threads": 1,
+                                                "image_size": args.image_size, "batch_size": args.batch_size,
+                                                "blocks": args.blocks, "steps": args.steps})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from argparse import Namespace
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,23 +22,14 @@ from common.compare import stats
 from common.config import is_exact
 from common.rundir.names import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 
-from .jobs import JobFailed, add_np, add_places, add_timeout, parser, refuse, run_cli, run_job
-from .machine import Record, publish
-from .throughput import schedule
+from .jobs import JobFailed, add_np, add_places, add_timeout, parser, refuse, run_cli, run_job, schedule
+from .machine import Record
 
 MODELS = {"convnet": 32, "resnet18": 64}
 MODES = ("allreduce", "exact")
 
 
-class ModeCell(NamedTuple):
-    """One run to make in every repeat: a model in one reduction mode at one world size."""
-
-    model: str
-    mode: str
-    world_size: int
-
-
-def mode_args(mode: str, np: int, global_batch: int, micro_batch: int) -> List[str]:
+def mode_args(mode: str, np: int, global_batch: int, micro_batch: int) -> list[str]:
     """The same global batch in micro-batches: exact mode's fixed-point sum of them, or allreduce mode accumulating
     each rank's share of them."""
     if is_exact({"reduction": mode}):
@@ -46,7 +37,7 @@ def mode_args(mode: str, np: int, global_batch: int, micro_batch: int) -> List[s
     return ["--batch-size", str(micro_batch), "--accumulate", str(global_batch // (micro_batch * np))]
 
 
-def step_time_ratios(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def step_time_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per model and world size, exact mode's step time over allreduce mode's: from their samples/s medians
     (inverted), and per repeat from the two runs of one repeat."""
     found = {(r["model"], r["world_size"], r["mode"]): r for r in rows}
@@ -63,11 +54,11 @@ def step_time_ratios(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-def speed(args: Namespace, failures: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def speed(args: Namespace, failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """samples/s, exposed communication and bytes per step of both modes, per model and world size, median over
-    repeats; throughput's schedule puts both modes of a setting side by side, every other repeat backwards."""
-    cells = [ModeCell(model, mode, np) for model in MODELS if model in args.models for np in args.np for mode in MODES]
-    measured: Dict[tuple, List[Dict[str, Any]]] = {}
+    repeats; the schedule puts both modes of a setting side by side, every other repeat backwards."""
+    cells = [(model, mode, np) for model in MODELS if model in args.models for np in args.np for mode in MODES]
+    measured: dict[tuple, list[dict[str, Any]]] = {}
     for repeat, (model, mode, np) in schedule(cells, args.repeats):
         size = args.image_sizes[model]
         run_dir = args.work / f"{model}-{size}-{mode}-{np}-t{args.threads}-r{repeat + 1}"
@@ -102,7 +93,7 @@ def speed(args: Namespace, failures: List[Dict[str, Any]]) -> List[Dict[str, Any
     return rows
 
 
-def fixed_point_error(model_name: str, size: int, global_batch: int, micro_batch: int, seed: int = 0) -> Dict[str, Any]:
+def fixed_point_error(model_name: str, size: int, global_batch: int, micro_batch: int, seed: int = 0) -> dict[str, Any]:
     """The largest relative error of the fixed-point mean of real micro-batch gradients, and of float32's sequential
     sum, against the float64 mean."""
     from common.exact.fixedpoint import FixedPoint, tensor_maxima
@@ -136,7 +127,7 @@ def fixed_point_error(model_name: str, size: int, global_batch: int, micro_batch
     return {"model": model_name, "image_size": size, "micro_batches": len(grads), **worst}
 
 
-def distance(args: Namespace, failures: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+def distance(args: Namespace, failures: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The default training at 3 ranks in both modes (both with a global batch of 96): the final weights' largest
     difference."""
     dirs = {mode: args.work / f"default-{mode}" for mode in MODES}
@@ -156,7 +147,7 @@ def distance(args: Namespace, failures: List[Dict[str, Any]]) -> Optional[Dict[s
             "val_top1": {m: json.loads((dirs[m] / SUMMARY_FILE).read_text())["val_top1"] for m in MODES}}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Measure; exit 1 when some runs failed (the rest is written), 2 on bad input."""
     p = parser("exact_cost", __doc__)
     add_np(p, [1, 2, 3], "world sizes, e.g. 1,2,3")
@@ -186,16 +177,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return refuse("exact_cost", f"--global-batch {args.global_batch} must be a multiple of --micro-batch "
                                     f"{args.micro_batch} whose micro-batches every world size in --np shares")
     record = Record("exact_cost", argv)
-    failures: List[Dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
     rows = speed(args, failures)
     errors = [fixed_point_error(m, args.image_sizes[m], args.global_batch, args.micro_batch) for m in args.models]
     settings = {"global_batch": args.global_batch, "micro_batch": args.micro_batch, "steps": args.steps,
                 "repeats": args.repeats, "launcher": "torchrun", "threads": args.threads,
                 "image_sizes": {m: args.image_sizes[m] for m in args.models}}
-    report = {**record.header(), "settings": settings, "speed": rows, "cost": step_time_ratios(rows),
-              "fixed_point_error": errors, "distance": distance(args, failures) if args.distance else None,
-              "failures": failures}
-    return publish(report, args.out / "exact_cost.json")
+    return record.publish(args.out, settings=settings, speed=rows, cost=step_time_ratios(rows),
+                          fixed_point_error=errors, distance=distance(args, failures) if args.distance else None,
+                          failures=failures)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,13 @@ import sys
 import time
 from argparse import Namespace
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from common.compare import arguments
 
 from .jobs import Workers, add_np, add_out, add_worker, parser
-from .machine import Record, publish
-
 
 
 def matmul_seconds(n_iters: int, size: int = 384) -> float:
@@ -60,13 +58,13 @@ def worker(args: Namespace) -> int:
     return 0
 
 
-def summarised(row: Dict[str, Any]) -> Dict[str, Any]:
+def summarised(row: dict[str, Any]) -> dict[str, Any]:
     """A worker's row with the ranks' mean idle CPU and the compute slowdown of their summed times."""
     return {**row, "idle_cpu_mean": sum(row["idle_cpu_per_s"]) / len(row["idle_cpu_per_s"]),
             "compute_slowdown": sum(row["compute_s_with"]) / sum(row["compute_s_without"]) - 1}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Measure every controller at every cycle time (or be one rank, with --worker)."""
     p = parser("horovod_cycle", __doc__)
     add_np(p, 2)
@@ -80,16 +78,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
-    record = Record("horovod_cycle", argv)
-    workers = Workers("horovod_cycle", args.out, timeout_s=600)
+    workers = Workers("horovod_cycle", argv, args.out, timeout_s=600)
     rows = [summarised(data) for controller in args.controllers for cycle in (f"{ms:g}" for ms in args.cycle_ms)
             for data in [workers.run(f"{controller}-{cycle}", f"horovodrun-{controller}", args.np,
                                      "benchmarks.horovod_cycle",
                                      ["--worker", "--idle-s", str(args.idle_s), "--matmuls", str(args.matmuls)],
                                      env={"HOROVOD_CYCLE_TIME": cycle}, controller=controller, cycle_time_ms=cycle)]
             if data is not None]
-    report = {**record.header(), "rows": rows, "failures": workers.failures}
-    return publish(report, args.out / "horovod_cycle.json")
+    return workers.publish(rows=rows)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ Writes DIR/horovod_suite.json.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import importlib.util
 import json
@@ -44,22 +43,20 @@ import sys
 import tempfile
 import textwrap
 import time
-from dataclasses import asdict, dataclass, field
+from argparse import Namespace
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from common import launch
-from common.compare import tables
-from common.compare.arguments import world_sizes
+from common.compare.arguments import csv_list, world_sizes
 
-from .jobs import add_out, job_env, run_cli
+from .horovod_api import command
+from .jobs import add_out, job_env, parser, refuse, run_cli
 from .machine import Record, publish
 
 RUNS = ("api", "horovod-mpi", "horovod-gloo")
-LAUNCHERS = {"api": "torchrun", "horovod-mpi": "horovodrun-mpi", "horovod-gloo": "horovodrun-gloo"}
-API_MODULE = "ddp_train.horovod_api"
 PLUGIN = "horovod_suite_report"
 #: the pytest plugin that writes each rank's events, one JSON line each, to $HOROVOD_SUITE_REPORT/rank<R>.jsonl
 PLUGIN_SOURCE = textwrap.dedent('''
@@ -91,30 +88,22 @@ PLUGIN_SOURCE = textwrap.dedent('''
     def pytest_runtest_logfinish(nodeid, location):
         _write({"test": nodeid, "event": "finish"})
 ''')
+Events = dict[int, list[dict]]  # rank -> what the plugin wrote of one test
 
 
-@dataclass
-class Outcome:
+def outcome(end: str, ranks: list[str], message: str = "", seconds: float | None = None) -> dict[str, Any]:
     """A test's outcome in one run: passed / failed / skipped on every rank, or hung / crashed / not run."""
-
-    outcome: str
-    ranks: List[str] = field(default_factory=list)
-    message: str = ""
-    seconds: Optional[float] = None
+    return {"outcome": end, "ranks": ranks, "message": message, "seconds": seconds}
 
 
-def suite_tests(test_file: Path) -> List[str]:
+def suite_tests(test_file: Path) -> list[str]:
     """The suite's tests in the order pytest runs them: unittest methods of each TestCase, sorted by name."""
-    tree = ast.parse(test_file.read_text())
-    found = []
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            names = sorted(n.name for n in node.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test"))
-            found += [f"{test_file.name}::{node.name}::{name}" for name in names]
-    return found
+    classes = [node for node in ast.parse(test_file.read_text()).body if isinstance(node, ast.ClassDef)]
+    return [f"{test_file.name}::{c.name}::{test}" for c in classes
+            for test in sorted(n.name for n in c.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test"))]
 
 
-def rank_outcome(events: List[Dict]) -> str:
+def rank_outcome(events: list[dict]) -> str:
     """One rank's outcome of one test from its reports (setup, call, teardown)."""
     phases = {e["event"]: e for e in events if e["event"] in ("setup", "call", "teardown")}
     if any(p["outcome"] == "skipped" for p in phases.values()):
@@ -126,120 +115,83 @@ def rank_outcome(events: List[Dict]) -> str:
     return "passed" if "call" in phases else "not run"
 
 
-def combine(per_rank: Dict[int, List[Dict]], np: int) -> Outcome:
+def combine(per_rank: Events, np: int) -> dict[str, Any]:
     """A test's outcome over the ranks: what every rank agrees on, else failed (the first failure's message)."""
     outcomes = [rank_outcome(per_rank.get(rank, [])) for rank in range(np)]
     messages = [e.get("message", "") for rank in range(np) for e in per_rank.get(rank, []) if e.get("message")]
-    starts = [e for rank in range(np) for e in per_rank.get(rank, []) if e["event"] == "start"]
+    started = any(e["event"] == "start" for rank in range(np) for e in per_rank.get(rank, []))
     agreed = outcomes[0] if len(set(outcomes)) == 1 else ("failed" if "failed" in outcomes else outcomes[0])
-    return Outcome(agreed, outcomes, messages[0] if messages else "", None if not starts else 0.0)
+    return outcome(agreed, outcomes, messages[0] if messages else "", 0.0 if started else None)
 
 
-def read_events(folder: Path) -> Dict[str, Dict[int, List[Dict]]]:
-    """test -> rank -> its events, from the plugin's files."""
-    found: Dict[str, Dict[int, List[Dict]]] = {}
+def read_events(folder: Path) -> dict[str, Events]:
+    """test -> rank -> its events, from the plugin's files (a line cut short by a stopped launch is passed over)."""
+    found: dict[str, Events] = {}
     for path in sorted(folder.glob("rank*.jsonl")):
-        rank = int(path.stem[4:])
         for line in path.read_text().splitlines():
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
-            found.setdefault(event["test"], {}).setdefault(rank, []).append(event)
+            found.setdefault(event["test"], {}).setdefault(int(path.stem[4:]), []).append(event)
     return found
 
 
-def command(label: str, np: int, pytest_args: Sequence[str]) -> List[str]:
-    """The launch of pytest on `np` ranks: under the API's module through torchrun, else under horovodrun."""
-    launcher = launch.get(LAUNCHERS[label])
-    if label == "api":
-        return launcher.command(np, ["-m", "pytest", *pytest_args], module=API_MODULE, python=sys.executable)
-    return launcher.command(np, list(pytest_args), module="pytest", python=sys.executable)
+def launched(cmd: list[str], cwd: Path, env: dict[str, str], report: Path, stalled_s: float) -> bool:
+    """Run one launch until it ends or its ranks report nothing for `stalled_s`: whether it was stopped as hung."""
+    last_size, last_change = -1, time.monotonic()
+    with launch.Job(cmd, env=env, cwd=cwd, log=report.parent / "logs" / f"{report.name}.log") as job:
+        while job.poll() is None:
+            time.sleep(1.0)
+            size = sum(p.stat().st_size for p in report.glob("rank*.jsonl"))
+            if size != last_size:
+                last_size, last_change = size, time.monotonic()
+            elif time.monotonic() - last_change > stalled_s:
+                job.stop()
+                return True
+        job.wait()
+    return False
 
 
-@dataclass
-class Suite:
-    """One run of the suite: which tests, where, how long each may take."""
-
-    label: str
-    np: int
-    folder: Path  # test/parallel of the checkout
-    tests: List[str]
-    test_timeout: float
-    hang_grace: float
-    api_stall_s: float
-    work: Path
-    commands: List[str] = field(default_factory=list)
-
-    def env(self, report: Path, plugin_dir: Path) -> Dict[str, Optional[str]]:
-        extra: Dict[str, Optional[str]] = {
+def run_suite(label: str, np: int, tests: list[str], args: Namespace, folder: Path,
+              plugin_dir: Path) -> tuple[dict[str, dict], list[str]]:
+    """Every test's outcome in one run, resuming after a hung or crashed test, and its launches' commands. The run's
+    tests share a launch, but under horovodrun --gloo each has its own."""
+    one_per_test, remaining = label == "horovod-gloo", list(tests)
+    results: dict[str, dict] = {}
+    commands: list[str] = []
+    while remaining:
+        batch = remaining[:1] if one_per_test else remaining
+        report = args.work / f"{label}-{np}-{len(commands)}"
+        shutil.rmtree(report, ignore_errors=True)
+        report.mkdir(parents=True)
+        env: dict[str, str | None] = {
             "HOROVOD_SUITE_REPORT": str(report), "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(plugin_dir), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-        if self.label == "api":
-            extra["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(self.api_stall_s)
-        return extra
-
-    def pytest_args(self, tests: Sequence[str]) -> List[str]:
-        return [*tests, "-p", "no:cacheprovider", "-p", PLUGIN, "-q", "-o", "addopts=", "--rootdir",
-                str(self.folder), "--timeout", f"{self.test_timeout:g}"]
-
-    def launch_once(self, tests: Sequence[str], report: Path, plugin_dir: Path, log: Path) -> bool:
-        """Run `tests` in one launch until it ends or stops making progress: whether it was stopped as hung."""
-        cmd = command(self.label, self.np, self.pytest_args(tests))
-        self.commands.append(" ".join(cmd))
-        env = job_env(self.env(report, plugin_dir))
-        job = launch.Job(cmd, env=env, cwd=self.folder, log=log)
-        last_size, last_change = -1, time.monotonic()
-        with job:
-            while job.poll() is None:
-                time.sleep(1.0)
-                size = sum(p.stat().st_size for p in report.glob("rank*.jsonl"))
-                if size != last_size:
-                    last_size, last_change = size, time.monotonic()
-                elif time.monotonic() - last_change > self.test_timeout + self.hang_grace:
-                    job.stop()
-                    return True
-            job.wait()
-        return False
-
-    def run(self, plugin_dir: Path, one_per_test: bool) -> Dict[str, Outcome]:
-        """Every test's outcome, resuming after a hung or crashed test."""
-        results: Dict[str, Outcome] = {}
-        remaining = list(self.tests)
-        launches = 0
-        while remaining:
-            batch = remaining[:1] if one_per_test else remaining
-            report = self.work / f"{self.label}-{self.np}-{launches}"
-            shutil.rmtree(report, ignore_errors=True)
-            report.mkdir(parents=True)
-            started = time.monotonic()
-            hung = self.launch_once([f"{t}" for t in batch], report, plugin_dir,
-                                    self.work / "logs" / f"{self.label}-{self.np}-{launches}.log")
-            launches += 1
-            events = read_events(report)
-            done = [t for t in batch if t in events and all(
-                any(e["event"] == "finish" for e in events[t].get(rank, [])) for rank in range(self.np))]
-            for test in done:
-                results[test] = combine(events[test], self.np)
-            unfinished = [t for t in batch if t not in done]
-            if unfinished:
-                culprit = next((t for t in unfinished if t in events), unfinished[0])
-                results[culprit] = Outcome("hung" if hung else "crashed",
-                                           [rank_outcome(events.get(culprit, {}).get(r, [])) for r in range(self.np)],
-                                           "stopped: no progress" if hung else "the launch ended inside this test",
-                                           time.monotonic() - started if one_per_test else None)
-                remaining = remaining[remaining.index(culprit) + 1:]
-            else:
-                remaining = remaining[len(batch):]
-            print(f"horovod_suite: {self.label} at {self.np}: {len(results)}/{len(self.tests)} tests", flush=True)
-        return results
-
-
-def counts(results: Dict[str, Outcome]) -> Dict[str, int]:
-    found: Dict[str, int] = {}
-    for outcome in results.values():
-        found[outcome.outcome] = found.get(outcome.outcome, 0) + 1
-    return found
+        if label == "api":
+            env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(args.api_stall_s)
+        cmd = command(label, np, ["-m", "pytest"], [*batch, "-p", "no:cacheprovider", "-p", PLUGIN, "-q", "-o",
+                                                    "addopts=", "--rootdir", str(folder), "--timeout",
+                                                    f"{args.test_timeout:g}"])
+        commands.append(" ".join(cmd))
+        started = time.monotonic()
+        hung = launched(cmd, folder, job_env(env), report, args.test_timeout + args.hang_grace)
+        events = read_events(report)
+        done = [t for t in batch if t in events and all(
+            any(e["event"] == "finish" for e in events[t].get(rank, [])) for rank in range(np))]
+        results.update({test: combine(events[test], np) for test in done})
+        unfinished = [t for t in batch if t not in done]
+        if unfinished:
+            culprit = next((t for t in unfinished if t in events), unfinished[0])
+            results[culprit] = outcome("hung" if hung else "crashed",
+                                       [rank_outcome(events.get(culprit, {}).get(r, [])) for r in range(np)],
+                                       "stopped: no progress" if hung else "the launch ended inside this test",
+                                       time.monotonic() - started if one_per_test else None)
+            remaining = remaining[remaining.index(culprit) + 1:]
+        else:
+            remaining = remaining[len(batch):]
+        print(f"horovod_suite: {label} at {np}: {len(results)}/{len(tests)} tests", flush=True)
+    return results, commands
 
 
 # --- the examples ------------------------------------------------------------------------------------------------
@@ -295,25 +247,17 @@ def write_imagefolder(root: Path, classes: int, per_class: int, seed: int = 0) -
                 Image.fromarray(rng.integers(0, 256, (64, 72, 3), dtype=np.uint8)).save(folder / f"{i}.png")
 
 
-def script_command(label: str, np: int, script: Path, args: Sequence[str]) -> List[str]:
-    """A script run unchanged: under the API's module through torchrun, or by python under horovodrun --gloo."""
-    launcher = launch.get(LAUNCHERS[label])
-    if label == "api":
-        return launcher.command(np, [str(script), *args], module=API_MODULE, python=sys.executable)
-    cmd = launcher.command(np, list(args), python=sys.executable)
-    at = cmd.index("-m")
-    return cmd[:at] + [str(script)] + cmd[at + 2:]
-
-
-def run_example(cmd: List[str], cwd: Path, log: Path, timeout_s: float,
-                env: Optional[Mapping[str, Optional[str]]] = None) -> Dict:
-    result = launch.run(cmd, timeout=timeout_s, env=job_env({"OMP_NUM_THREADS": "1", **(env or {})}), cwd=cwd,
-                        log=log)
+def run_example(cmd: list[str], work: Path, log: str, timeout_s: float,
+                env: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """One launch of an example, in `work`, with one thread per rank: how it ended."""
+    result = launch.run(cmd, timeout=timeout_s, env=job_env({"OMP_NUM_THREADS": "1", **(env or {})}), cwd=work,
+                        log=work / "logs" / log)
     return {"command": " ".join(cmd), "returncode": result.returncode, "timed_out": result.timed_out,
             "seconds": round(result.seconds, 1), "tail": "" if result.returncode == 0 else result.output[-1500:]}
 
 
-def compare_weights(a: Path, b: Path) -> Dict:
+def compare_weights(a: Path, b: Path) -> dict[str, Any]:
+    """Whether two saved lists of parameters are bitwise equal, and ‖a − b‖ / ‖a‖."""
     import torch
 
     if not (a.exists() and b.exists()):
@@ -325,53 +269,48 @@ def compare_weights(a: Path, b: Path) -> Dict:
     return {"compared": True, "bitwise_equal": bitwise, "relative_difference": norm / scale if scale else None}
 
 
-def examples(checkout: Path, sizes: Sequence[int], work: Path, timeout_s: float) -> Dict:
+def examples(checkout: Path, sizes: Sequence[int], work: Path, timeout_s: float) -> dict[str, Any]:
     """Horovod's example scripts, unchanged, on the API (and pytorch_mnist.py against real Horovod)."""
     scripts = checkout / "examples" / "pytorch"
     work.mkdir(parents=True, exist_ok=True)
-    saver = work / "run_and_save.py"
+    saver, data, images = work / "run_and_save.py", work / "mnist", work / "imagefolder"
     saver.write_text(SAVER_SOURCE)
-    data = work / "mnist"
     write_mnist(data, train=512, test=128)
-    out: Dict = {"pytorch_mnist": {}}
     mnist_args = ["--epochs", "1", "--batch-size", "32", "--data-dir", str(data), "--no-cuda"]
+    out: dict[str, Any] = {"pytorch_mnist": {}}
     for ranks in sizes:
         # Horovod's fusion groups a sum by timing; with HOROVOD_FUSION_THRESHOLD=0 it reduces each tensor alone.
         for fusion, env in (("", {}), ("-fusion-off", {"HOROVOD_FUSION_THRESHOLD": "0"})):
             if fusion and ranks < 3:
                 continue  # at 2 ranks the grouping changes no bit
             key = f"{ranks}{fusion}"
-            saved = {}
+            case = out["pytorch_mnist"][key] = {"env": env}
             for label in ("horovod-gloo", "api"):
-                weights = work / f"mnist-{label}-{key}.pt"
-                cmd = script_command(label, ranks, saver, [str(scripts / "pytorch_mnist.py"), str(weights),
-                                                           *mnist_args])
-                out["pytorch_mnist"].setdefault(key, {"env": env})[label] = run_example(
-                    cmd, work, work / "logs" / f"mnist-{label}-{key}.log", timeout_s, env)
-                saved[label] = weights
-            out["pytorch_mnist"][key]["weights"] = compare_weights(saved["horovod-gloo"], saved["api"])
+                saved = [str(scripts / "pytorch_mnist.py"), str(work / f"mnist-{label}-{key}.pt"), *mnist_args]
+                case[label] = run_example(command(label, ranks, [str(saver)], saved), work,
+                                          f"mnist-{label}-{key}.log", timeout_s, env)
+            case["weights"] = compare_weights(*(work / f"mnist-{label}-{key}.pt" for label in ("horovod-gloo", "api")))
     synthetic = ["--model", "resnet18", "--batch-size", "8", "--no-cuda", "--num-warmup-batches", "1",
                  "--num-batches-per-iter", "1", "--num-iters", "2"]
     out["pytorch_synthetic_benchmark"] = run_example(
-        script_command("api", 2, scripts / "pytorch_synthetic_benchmark.py", synthetic), work,
-        work / "logs" / "synthetic.log", timeout_s)
-    elastic = script_command("api", 2, checkout / "examples" / "elastic" / "pytorch" / "pytorch_mnist_elastic.py",
-                             ["--epochs", "1", "--batch-size", "32", "--data-dir", str(data), "--no-cuda"])
-    out["pytorch_mnist_elastic"] = run_example(elastic[:1] + ["--max-restarts=1"] + elastic[1:], work,
-                                               work / "logs" / "mnist_elastic.log", timeout_s)
-    images = work / "imagefolder"
+        command("api", 2, [str(scripts / "pytorch_synthetic_benchmark.py")], synthetic), work, "synthetic.log",
+        timeout_s)
+    elastic = command("api", 2, [str(checkout / "examples" / "elastic" / "pytorch" / "pytorch_mnist_elastic.py")],
+                      mnist_args)
+    out["pytorch_mnist_elastic"] = run_example([elastic[0], "--max-restarts=1", *elastic[1:]], work,
+                                               "mnist_elastic.log", timeout_s)
     write_imagefolder(images, classes=2, per_class=4)
     imagenet = ["--train-dir", str(images / "train"), "--val-dir", str(images / "val"), "--epochs", "1",
                 "--batch-size", "2", "--val-batch-size", "2", "--no-cuda", "--log-dir", str(work / "tb"),
                 "--checkpoint-format", str(work / "checkpoint-{epoch}.pth.tar")]
     out["pytorch_imagenet_resnet50"] = run_example(
-        script_command("api", 2, scripts / "pytorch_imagenet_resnet50.py", imagenet), work,
-        work / "logs" / "imagenet.log", timeout_s)
+        command("api", 2, [str(scripts / "pytorch_imagenet_resnet50.py")], imagenet), work, "imagenet.log", timeout_s)
     out["pytorch_imagenet_resnet50"]["checkpoint_written"] = (work / "checkpoint-1.pth.tar").exists()
     return out
 
 
-def revision(checkout: Path) -> Optional[str]:
+def revision(checkout: Path) -> str | None:
+    """The checkout's commit, None where git cannot tell."""
     try:
         done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=20)
@@ -380,21 +319,12 @@ def revision(checkout: Path) -> Optional[str]:
     return done.stdout.strip() or None
 
 
-def table(report: Dict) -> str:
-    rows = []
-    for run in report["runs"]:
-        c = run["counts"]
-        rows.append([run["label"], run["np"], c.get("passed", 0), c.get("failed", 0) + c.get("error", 0),
-                     c.get("skipped", 0), c.get("hung", 0), c.get("crashed", 0), f"{run['seconds']:.0f}"])
-    return tables.text(["run", "ranks", "passed", "failed", "skipped", "hung", "crashed", "seconds"], rows)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.horovod_suite", description=__doc__, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the suite and the examples; 2 on bad input."""
+    p = parser("horovod_suite", __doc__)
     p.add_argument("--horovod", type=Path, required=True, help="a Horovod checkout (its test/ and examples/)")
     p.add_argument("--np", type=world_sizes, default=[2, 3], help="world sizes, e.g. 2,3")
-    p.add_argument("--runs", default=",".join(RUNS), help=f"which of {', '.join(RUNS)}")
+    p.add_argument("--runs", type=csv_list(str, RUNS), default=",".join(RUNS), help=f"which of {', '.join(RUNS)}")
     p.add_argument("--test-timeout", type=float, default=60.0, help="seconds one test may take")
     p.add_argument("--hang-grace", type=float, default=60.0, help="more seconds without progress before a launch "
                                                                   "is stopped as hung")
@@ -407,55 +337,46 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="reports, logs and data (not kept)")
     add_out(p, "where horovod_suite.json goes")
     args = p.parse_args(argv)
-    args.horovod = args.horovod.resolve()  # the launches run in the suite's folder
-    test_file = args.horovod / "test" / "parallel" / "test_torch.py"
-    labels = [label.strip() for label in args.runs.split(",") if label.strip()]
-    problem = None
+    args.horovod, kept = args.horovod.resolve(), args.out / "horovod_suite.json"  # the launches run in the suite's
+    test_file = args.horovod / "test" / "parallel" / "test_torch.py"  # folder
     if not test_file.is_file():
-        problem = f"{test_file}: no such file; give the folder of a Horovod checkout (git clone of horovod/horovod)"
-    elif any(label not in RUNS for label in labels):
-        problem = f"--runs takes {', '.join(RUNS)}"
-    elif importlib.util.find_spec("mock") is None:
-        problem = "Horovod's test/utils/common.py imports mock: pip install mock"
-    if problem:
-        print(f"benchmarks.horovod_suite: error: {problem}", file=sys.stderr)
-        return 2
+        return refuse("benchmarks.horovod_suite", f"{test_file}: no such file; give the folder of a Horovod checkout "
+                                                  "(git clone of horovod/horovod)")
+    if importlib.util.find_spec("mock") is None:
+        return refuse("benchmarks.horovod_suite", "Horovod's test/utils/common.py imports mock: pip install mock")
+    if args.no_suite and not kept.is_file():
+        return refuse("benchmarks.horovod_suite", f"--no-suite keeps the suite's results of {kept}: none there; run "
+                                                  "the suite first")
     record = Record("horovod_suite", argv)
     if args.no_suite:
-        kept = args.out / "horovod_suite.json"
-        if not kept.is_file():
-            print(f"benchmarks.horovod_suite: error: --no-suite keeps the suite's results of {kept}: none there; run "
-                  "the suite first", file=sys.stderr)
-            return 2
         report = json.loads(kept.read_text())
         report["examples"] = examples(args.horovod, args.np, args.work / "examples", timeout_s=900)
         report["examples_measured"] = {key: value for key, value in record.header().items()
                                        if key in ("started", "command", "load_before", "load_after", "under_load")}
-        return publish(report, kept, table(report))
+        return publish(report, kept)
     plugin_dir = args.work / "plugin"
     plugin_dir.mkdir(parents=True, exist_ok=True)
     (plugin_dir / f"{PLUGIN}.py").write_text(PLUGIN_SOURCE)
     tests = [test for test in suite_tests(test_file) if args.select in test]
-    runs: List[Dict] = []
-    per_test: Dict[str, Dict] = {test: {} for test in tests}
+    runs: list[dict[str, Any]] = []
+    per_test: dict[str, dict] = {test: {} for test in tests}
     for ranks in args.np:
-        for label in labels:
-            suite = Suite(label, ranks, test_file.parent, tests, args.test_timeout, args.hang_grace,
-                          args.api_stall_s, args.work)
+        for label in args.runs:
             started = time.monotonic()
-            results = suite.run(plugin_dir, one_per_test=label == "horovod-gloo")
-            seconds = time.monotonic() - started
-            runs.append({"label": label, "np": ranks, "counts": counts(results), "seconds": seconds,
-                         "launches": len(suite.commands), "command": suite.commands[0] if suite.commands else None})
-            for test, outcome in results.items():
-                per_test[test][f"{label}@{ranks}"] = asdict(outcome)
+            results, commands = run_suite(label, ranks, tests, args, test_file.parent, plugin_dir)
+            ended: dict[str, int] = {}
+            for test, result in results.items():
+                per_test[test][f"{label}@{ranks}"] = result
+                ended[result["outcome"]] = ended.get(result["outcome"], 0) + 1
+            runs.append({"label": label, "np": ranks, "counts": ended, "seconds": time.monotonic() - started,
+                         "launches": len(commands), "command": commands[0] if commands else None})
     report = {**record.header(), "horovod_checkout": str(args.horovod), "horovod_revision": revision(args.horovod),
               "test_file": "test/parallel/test_torch.py", "tests": len(tests), "test_timeout_s": args.test_timeout,
               "hang_grace_s": args.hang_grace, "api_stall_shutdown_s": args.api_stall_s, "runs": runs,
               "results": per_test, "failures": []}
     if not args.no_examples:
         report["examples"] = examples(args.horovod, args.np, args.work / "examples", timeout_s=900)
-    return publish(report, args.out / "horovod_suite.json", table(report))
+    return publish(report, kept)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from common.loop.optim import lr_at, make_optimizer, set_lr
 from common.rundir.writer import RunDir
 
 from .jobs import add_out, parser
-from .machine import Record, publish
+from .machine import Record
 from .throughput import for_model, parse_image_sizes
 
 #: the ranks' stop check: one small allreduce shared by the steps between two checks
@@ -52,21 +52,21 @@ def steps_between_checks(step_s: float) -> int:
     return min(max(int(CHECK_PERIOD_S // step_s), 1), MAX_CHECK_EVERY)
 
 
-def stop_check_seconds(allreduce: Optional[Dict[str, Any]]) -> Optional[float]:
+def stop_check_seconds(allreduce: dict[str, Any] | None) -> float | None:
     """One stop check: the fastest torch series' smallest message in an allreduce result (None without one)."""
     smallest = [s["results"][0]["time_s"] for s in (allreduce or {}).get("series", []) if s["name"].startswith("torch")]
     return min(smallest) if smallest else None
 
 
 def measure(model_name: str, image_size: int, batch: int, threads: int, repeats: int,
-            stop_check_s: Optional[float]) -> Dict[str, Any]:
+            stop_check_s: float | None) -> dict[str, Any]:
     """One model's step time and each piece's cost per step."""
     torch.set_num_threads(threads)
     config = Config(model=model_name, dataset="synthetic", image_size=image_size, batch_size=batch)
     model = build_model(model_name, 3, image_size, 10, 0)
     optimizer = make_optimizer(config, model.parameters())
     images, labels = torch.randn(batch, 3, image_size, image_size), torch.randint(10, (batch,))
-    state: Dict[str, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {}
 
     def step() -> None:
         optimizer.zero_grad()
@@ -107,7 +107,7 @@ def measure(model_name: str, image_size: int, batch: int, threads: int, repeats:
             "costs_s": costs, "total_s": total, "share_of_step": total / step_s, "stop_check_every": every}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Time every piece for every model."""
     p = parser("loop_overhead", __doc__)
     p.add_argument("--models", default="convnet,resnet18")
@@ -123,8 +123,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     record = Record("loop_overhead", argv)
     rows = [measure(m, for_model(args.image_size, m) or 32, args.batch_size, args.threads, args.repeats, stop_check_s)
             for m in args.models.split(",") if m]
-    report = {**record.header(), "stop_check_source": str(source) if stop_check_s is not None else None, "rows": rows}
-    return publish(report, args.out / "loop_overhead.json")
+    return record.publish(args.out, stop_check_source=str(source) if stop_check_s is not None else None, rows=rows)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ Writes DIR/port_speed.json and prints a table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -20,13 +19,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Sequence
 
 from common.errors import print_error
 
-from .jobs import add_out, run_cli
+from .jobs import add_out, parser, refuse, run_cli
+from .machine import REPO, Record
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "migrating" / "train_horovod.py"
+EXAMPLE = REPO / "examples" / "migrating" / "train_horovod.py"
 TARGET_S = 1.0
 DEFINITIONS = {"rewrite_s": "seconds the port spent parsing, rewriting and writing (its report's `seconds`)",
                "command_s": "seconds of the whole command: Python's start, imports, the rewrite, the report",
@@ -46,8 +46,7 @@ MAIN_GUARD = "\n\nif __name__ == '__main__':"
 
 def script_of(lines: int) -> str:
     """The example with metric functions inserted before its main guard until it has at least `lines` lines."""
-    text = EXAMPLE.read_text()
-    head, guard, tail = text.partition(MAIN_GUARD)
+    head, guard, tail = EXAMPLE.read_text().partition(MAIN_GUARD)
     extra, i = "", 0
     while len((head + extra + guard + tail).splitlines()) < lines:
         extra += METRIC.format(i=i).rstrip("\n") + "\n"
@@ -55,7 +54,7 @@ def script_of(lines: int) -> str:
     return head + extra + guard + tail
 
 
-def measure(script: Path, repeats: int) -> tuple[List[float], List[float]]:
+def measure(script: Path, repeats: int) -> tuple[list[float], list[float]]:
     """(rewrite seconds, command seconds) of each repeat."""
     rewrite, command = [], []
     for repeat in range(repeats):
@@ -70,38 +69,28 @@ def measure(script: Path, repeats: int) -> tuple[List[float], List[float]]:
     return rewrite, command
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.port_speed", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+def main(argv: Sequence[str] | None = None) -> int:
+    """Measure; 1 when the port failed, 2 on bad input."""
+    p = parser("port_speed", __doc__)
     p.add_argument("--lines", type=int, default=300, help="the script's length in lines")
     p.add_argument("--repeats", type=int, default=5, help="runs of the command")
     add_out(p)
     args = p.parse_args(argv)
     if args.lines < 1 or args.repeats < 1:
-        print_error("port_speed", "--lines and --repeats must be at least 1", ranked=False)
-        return 2
-
-    from common.compare import tables
-
-    from benchmarks.machine import Record, publish
-
+        return refuse("port_speed", "--lines and --repeats must be at least 1")
     record = Record("port_speed", argv)
     with tempfile.TemporaryDirectory(prefix="port_speed-") as work:
         script = Path(work) / "train_horovod.py"
         script.write_text(script_of(args.lines))
-        lines = len(script.read_text().splitlines())
         try:
             rewrite, command = measure(script, args.repeats)
         except RuntimeError as exc:
             print_error("port_speed", str(exc), ranked=False)
             return 1
-    row = {"lines": lines, "rewrite_s": rewrite, "command_s": command,
-           "rewrite_median_s": statistics.median(rewrite), "command_median_s": statistics.median(command)}
-    report = {**record.header(), "settings": {"lines": args.lines, "repeats": args.repeats},
-              "definitions": DEFINITIONS, "target_s": TARGET_S, "rows": [row], "failures": []}
-    return publish(report, args.out / "port_speed.json", tables.text(
-        ["lines", "rewrite s (median)", "command s (median)", "target s"],
-        [[str(lines), f"{row['rewrite_median_s']:.3f}", f"{row['command_median_s']:.3f}", f"< {TARGET_S:g}"]]))
+        row = {"lines": len(script.read_text().splitlines()), "rewrite_s": rewrite, "command_s": command,
+               "rewrite_median_s": statistics.median(rewrite), "command_median_s": statistics.median(command)}
+    return record.publish(args.out, settings={"lines": args.lines, "repeats": args.repeats},
+                          definitions=DEFINITIONS, target_s=TARGET_S, rows=[row], failures=[])
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import sys
 import time
 from argparse import Namespace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -23,9 +23,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # Absolute imports: the worker also runs as a script by path, under the probe.
-from benchmarks.jobs import Workers, add_np, add_out, add_timeout, add_worker, parser, refuse, run_cli
+from benchmarks.jobs import Workers, add_np, add_places, add_timeout, add_worker, parser, refuse, run_cli
 from common.inputs.models import build_model
-
 
 
 def worker(args: Namespace) -> int:
@@ -55,7 +54,7 @@ def worker(args: Namespace) -> int:
     return 0
 
 
-def parse_cases(text: str) -> List[Tuple[str, int]]:
+def parse_cases(text: str) -> list[tuple[str, int]]:
     """"resnet18=224,convnet=32" -> [("resnet18", 224), ("convnet", 32)]; ValueError naming the part."""
     cases = [(part.partition("=")[0], part.partition("=")[2]) for part in text.split(",") if part]
     bad = [f"{model}={size}" for model, size in cases if not size.isdigit() or int(size) < 8]
@@ -64,12 +63,12 @@ def parse_cases(text: str) -> List[Tuple[str, int]]:
     return [(model, int(size)) for model, size in cases]
 
 
-def cost(bare: Sequence[float], probed: Sequence[float]) -> Optional[float]:
+def cost(bare: Sequence[float], probed: Sequence[float]) -> float | None:
     """The share of throughput the probe takes, from the medians; None without both."""
     return 1 - statistics.median(probed) / statistics.median(bare) if bare and probed else None
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Measure every case (or be one rank of the script, with --worker); exit 1 when a job failed, 2 on bad input."""
     p = parser("probe_cost", __doc__)
     add_np(p, 2, "ranks of each job")
@@ -78,8 +77,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=12, help="steps per job (the first 2 untimed)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--repeats", type=int, default=3, help="jobs of each kind per case, alternating")
-    add_out(p)
-    p.add_argument("--work", type=Path, default=Path("runs/bench/probe_cost"), help="the probe's run directories")
+    add_places(p, "runs/bench/probe_cost", "the probe's run directories")
     add_timeout(p, 900, "seconds before one job is stopped")
     add_worker(p, "--model", "--image-size")
     args = p.parse_args(argv)
@@ -92,15 +90,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if min(args.np, args.repeats, args.batch_size, args.threads) < 1 or args.steps < 3:
         return refuse("probe_cost", "--np, --repeats, --batch-size and --threads must be >= 1 and --steps >= 3 "
                                     "(2 are untimed)")
-    from benchmarks.machine import Record, publish
-
-    record = Record("probe_cost", argv)
-    workers = Workers("probe_cost", args.out, args.timeout)
-    rows: List[Dict[str, Any]] = []
+    workers = Workers("probe_cost", argv, args.out, args.timeout)
+    rows: list[dict[str, Any]] = []
     for model, size in cases:
         script = ["--worker", "--model", model, "--image-size", str(size), "--batch-size", str(args.batch_size),
                   "--steps", str(args.steps), "--threads", str(args.threads)]
-        measured: Dict[str, List[float]] = {"bare": [], "probed": []}
+        measured: dict[str, list[float]] = {"bare": [], "probed": []}
         for repeat in range(1, args.repeats + 1):
             for kind in measured:
                 tag = f"{model}-{size}-{kind}-{repeat}"
@@ -112,11 +107,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     measured[kind].append(got["samples_per_s"])
         rows.append({"model": model, "image_size": size, "bare_samples_per_s": measured["bare"],
                      "probed_samples_per_s": measured["probed"], "cost": cost(measured["bare"], measured["probed"])})
-    settings = {"world_size": args.np, "batch_size": args.batch_size, "steps": args.steps, "threads": args.threads,
-                "repeats": args.repeats, "launcher": "torchrun"}
-    report = {**record.header(), "settings": settings, "rows": rows,
-              "failures": workers.failures}
-    return publish(report, args.out / "probe_cost.json")
+    return workers.publish(rows=rows, settings={"world_size": args.np, "batch_size": args.batch_size,
+                                                "steps": args.steps, "threads": args.threads,
+                                                "repeats": args.repeats, "launcher": "torchrun"})
 
 
 if __name__ == "__main__":

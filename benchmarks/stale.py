@@ -17,7 +17,7 @@ import subprocess
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Sequence
 
 from .jobs import parser, refuse
 from .machine import REPO
@@ -34,14 +34,14 @@ STARTED_MODULE = re.compile(r"""["'](?:-m )?((?:%s)(?:\.\w+)*)\b""" % "|".join(P
 HOROVOD_SRC = "runs/horovod"
 
 
-def module_file(module: str) -> Optional[Path]:
+def module_file(module: str) -> Path | None:
     """The project file of a dotted module name (a package's __init__.py), or None outside the project."""
     base = REPO.joinpath(*module.split("."))
     found = [p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()]
     return found[0] if found and module.split(".")[0] in PACKAGES and module not in SHOWING else None
 
 
-def imported(path: Path) -> List[str]:
+def imported(path: Path) -> list[str]:
     """The dotted names a project file imports anywhere in it, and the project modules it names in a string."""
     package = path.relative_to(REPO).parts[:-1]
     names = [f"{started}{tail}" for started in STARTED_MODULE.findall(path.read_text()) for tail in ("", ".__main__")]
@@ -55,7 +55,7 @@ def imported(path: Path) -> List[str]:
 
 
 @lru_cache(maxsize=None)
-def closure(*modules: str) -> FrozenSet[str]:
+def closure(*modules: str) -> frozenset[str]:
     """The project files (relative to the repository) that `modules` import, through each other, with their
     packages' __init__.py."""
     seen: set = set()
@@ -69,17 +69,12 @@ def closure(*modules: str) -> FrozenSet[str]:
     return frozenset(str(p.relative_to(REPO)) for p in seen)
 
 
-def training_inputs() -> List[str]:
+def training_inputs() -> list[str]:
     """Every file a run's training depends on: what ddp_train and hvd_train import, and the set-up."""
     return sorted(closure("ddp_train.__main__", "hvd_train.__main__")) + list(SET_UP)
 
 
-def inputs(benchmark: str) -> List[str]:
-    """Every file a result of `benchmarks.<benchmark>` depends on."""
-    return sorted(closure(f"benchmarks.{benchmark}") | set(training_inputs()))
-
-
-def run_all_steps(mode: str = "full") -> Dict[str, str]:
+def run_all_steps(mode: str = "full") -> dict[str, str]:
     """The steps of one mode ("full" or "quick") of run_all.sh by the result each writes (relative to OUT, as
     run_all.sh names them): "python -m benchmarks.X ...", with $OUT as benchmarks/results."""
     text = RUN_ALL.read_text().replace("\\\n", " ")
@@ -92,7 +87,7 @@ def run_all_steps(mode: str = "full") -> Dict[str, str]:
     return steps
 
 
-def changed_since(revision: str, paths: Sequence[str]) -> List[str]:
+def changed_since(revision: str, paths: Sequence[str]) -> list[str]:
     """Which of `paths` differ between `revision` and the files here now (committed or not)."""
     diff = subprocess.run(["git", "-C", str(REPO), "diff", "--name-only", revision, "--", *paths],
                           capture_output=True, text=True, timeout=30)
@@ -102,8 +97,9 @@ def changed_since(revision: str, paths: Sequence[str]) -> List[str]:
     return diff.stdout.split()
 
 
-def why_stale(name: str, result: Dict[str, Any], commands: Dict[str, str]) -> Optional[str]:
-    """Why the result `name` (relative to the results folder) is stale; None when it is current."""
+def why_stale(name: str, result: dict[str, Any], commands: dict[str, str]) -> str | None:
+    """Why the result `name` (relative to the results folder) is stale; None when it is current: its benchmark's
+    module, what that imports or starts, and the training are the files it depends on."""
     revision = ((result.get("machine") or {}).get("versions") or {}).get("project_git")
     if not revision or revision.endswith("-dirty"):
         return "it was measured on uncommitted code" if revision else "it records no revision"
@@ -111,12 +107,12 @@ def why_stale(name: str, result: Dict[str, Any], commands: Dict[str, str]) -> Op
         return "no step of run_all.sh writes it"
     if result.get("command") != commands[name]:
         return "its step in run_all.sh runs another command now"
-    changed = changed_since(revision, inputs(Path(name).stem))
+    changed = changed_since(revision, sorted(closure(f"benchmarks.{Path(name).stem}") | set(training_inputs())))
     more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
     return f"changed since: {', '.join(changed[:3])}{more}" if changed else None
 
 
-def statuses(folder: Path) -> List[Tuple[str, Optional[str], Optional[str]]]:
+def statuses(folder: Path) -> list[tuple[str, str | None, str | None]]:
     """(result, the revision it records, why it is stale or None) of every step's result, then of any other result
     in `folder`."""
     steps = run_all_steps()
@@ -126,7 +122,7 @@ def statuses(folder: Path) -> List[Tuple[str, Optional[str], Optional[str]]]:
             for name in [*steps, *(n for n in found if n not in steps and "benchmark" in found[n])]]
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Print every result's status (or only the stale ones' names); 1 when git cannot tell."""
     p = parser("stale", __doc__)
     p.add_argument("--results", type=Path, default=RESULTS, help="the folder of result files")

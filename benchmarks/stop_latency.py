@@ -13,24 +13,25 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Sequence
 
 from common import launch
+from common.compare.arguments import csv_list
 from common.rundir.reader import events_so_far
 
-from .jobs import add_np, add_places, add_timeout, job_env, parser, refuse, run_cli
-from .machine import REPO, Record, publish
+from .jobs import add_np, add_places, add_timeout, job_env, parser, run_cli
+from .machine import REPO, Record
 
 LAUNCHERS = tuple(launcher.name for launcher in launch.host_launchers())
 #: every rank gone within this much after the signal, plus one step
 BOUND_S = 15.0
 
 
-def steps(run_dir: Path) -> List[Dict[str, Any]]:
+def steps(run_dir: Path) -> list[dict[str, Any]]:
     return [e for e in events_so_far(run_dir) if e["event"] == "step"]
 
 
-def measure(name: str, np: int, train_args: List[str], work: Path, steps_before: int, timeout_s: float) -> Dict:
+def measure(name: str, np: int, train_args: list[str], work: Path, steps_before: int, timeout_s: float) -> dict:
     """One launcher: start, wait for `steps_before` steps, Ctrl-C, time the end."""
     launcher, run_dir = launch.get(name), work / name
     shutil.rmtree(run_dir, ignore_errors=True)  # a previous run's steps must not count as this one's
@@ -64,10 +65,11 @@ def measure(name: str, np: int, train_args: List[str], work: Path, steps_before:
             "within_bound": ranks_s is not None and ranks_s <= BOUND_S + step_s}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Stop a job under every launcher; exit 1 when one could not be measured, 2 on bad input."""
     p = parser("stop_latency", __doc__)
-    p.add_argument("--launchers", default=",".join(LAUNCHERS), help=f"comma-separated, from {', '.join(LAUNCHERS)}")
+    p.add_argument("--launchers", type=csv_list(str, LAUNCHERS), default=",".join(LAUNCHERS),
+                   help=f"comma-separated, from {', '.join(LAUNCHERS)}")
     add_np(p, 2, "ranks per job")
     p.add_argument("--model", default="resnet18")
     p.add_argument("--image-size", type=int, default=224)
@@ -77,17 +79,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_timeout(p, 300, "seconds each phase may take before it fails")
     add_places(p, "runs/bench-stop")
     args = p.parse_args(argv)
-    names = [n for n in args.launchers.split(",") if n]
-    if not names or set(names) - set(LAUNCHERS):
-        return refuse("stop_latency", f"unknown launcher {', '.join(sorted(set(names) - set(LAUNCHERS))) or '(none)'}"
-                                      f"; choose from {', '.join(LAUNCHERS)}")
     record = Record("stop_latency", argv)
     # Epochs enough that no job ends by itself before the signal, however short its steps.
     train_args = ["--model", args.model, "--dataset", "synthetic", "--image-size", str(args.image_size),
                   "--synthetic-samples", str((args.steps_before + 20) * args.batch_size * args.np),
                   "--batch-size", str(args.batch_size), "--epochs", "1000", "--threads", str(args.threads)]
     rows, failures = [], []
-    for name in names:
+    for name in args.launchers:
         print(f"stop_latency: {name} ...", flush=True)
         try:
             rows.append(measure(name, args.np, train_args, args.work, args.steps_before, args.timeout))
@@ -95,8 +93,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             failures.append({"launcher": name, "error": str(exc)[-2000:]})
     settings = {"np": args.np, "train_args": train_args, "steps_before": args.steps_before,
                 "bound": f"{BOUND_S:g} s + one step"}
-    return publish({**record.header(), "settings": settings, "rows": rows, "failures": failures},
-                   args.out / "stop_latency.json")
+    return record.publish(args.out, settings=settings, rows=rows, failures=failures)
 
 
 if __name__ == "__main__":

@@ -19,21 +19,22 @@ import resource
 import statistics
 import sys
 import time
-from argparse import ArgumentTypeError, Namespace
+from argparse import ArgumentParser, ArgumentTypeError, Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 from common import launch
 from common.compare import stats
 from common.config import build_parser as training_parser
 from common.rundir.names import CONFIG_FILE, LAUNCH_LOG, SUMMARY_FILE
 
-from .jobs import Env, JobFailed, add_np, add_places, add_timeout, parser, refuse, run_cli, run_job, run_jobs_together
+from .jobs import (Env, JobFailed, add_np, add_places, add_timeout, parser, refuse, run_cli, run_job,
+                   run_jobs_together, schedule)
 from .machine import Record, cores, figure_title, publish
 
 #: label -> the launcher its runs are started with: the first the registry has for it (common.launch)
-BACKENDS: Dict[str, str] = {}
+BACKENDS: dict[str, str] = {}
 for _launcher in launch.host_launchers():
     BACKENDS.setdefault(_launcher.label, _launcher.name)
 #: --baselines name -> (the label of its runs, the bare loop's --data-path, the result's key for its loop ratio)
@@ -53,11 +54,6 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def sets_nothing(train_args: List[str], env: Env) -> bool:
-    """A swept value that changes no option and sets no variable (auto, a flag's off)."""
-    return not train_args and all(value is None for value in env.values())
-
-
 @dataclass
 class Case:
     """One setting to measure: a model at an image size, plus the swept knob's value (if any)."""
@@ -65,15 +61,15 @@ class Case:
     model: str
     image_size: int
     steps: int  # optimizer steps per run, the first not timed
-    knob: Optional[str] = None
-    value: Optional[str] = None
-    train_args: List[str] = field(default_factory=list)
+    knob: str | None = None
+    value: str | None = None
+    train_args: list[str] = field(default_factory=list)
     env: Env = field(default_factory=dict)  # None: removed from the job's environment
 
     @property
     def is_reference(self) -> bool:
-        """The case the bare loops are measured in: no knob set, or a value that sets nothing."""
-        return self.knob is None or sets_nothing(self.train_args, self.env)
+        """The case the bare loops are measured in: no knob set, or a value that sets nothing (auto, a flag's off)."""
+        return self.knob is None or (not self.train_args and all(value is None for value in self.env.values()))
 
     @property
     def name(self) -> str:
@@ -84,10 +80,10 @@ class Case:
         return self.model + (f"-{self.knob}-{self.value}" if self.knob else "")
 
 
-def per_model(what: str, example: str, least: int) -> Callable[[str], Dict[str, int]]:
+def per_model(what: str, example: str, least: int) -> Callable[[str], dict[str, int]]:
     """A parser of one number for every model ('64') or one per model ('convnet=32,resnet18=224') -> {model or '*':
     number}, each at least `least`."""
-    def parse(text: str) -> Dict[str, int]:
+    def parse(text: str) -> dict[str, int]:
         try:
             out = {(part.split("=")[0].strip() if "=" in part else "*"): int(part.split("=")[-1])
                    for part in text.split(",") if part.strip()}
@@ -104,12 +100,12 @@ parse_image_sizes = per_model("an image size", "convnet=32,resnet18=224", 1)
 parse_steps = per_model("a step count", "convnet=150,resnet18=12", 2)
 
 
-def for_model(numbers: Dict[str, int], model: str) -> Optional[int]:
+def for_model(numbers: dict[str, int], model: str) -> int | None:
     """A model's number from a per-model option: its own, or the one for every model."""
     return numbers.get(model, numbers.get("*"))
 
 
-def parse_sweep(text: str) -> Tuple[str, List[str]]:
+def parse_sweep(text: str) -> tuple[str, list[str]]:
     """'bucket-mb=4,25' -> ('bucket-mb', ['4', '25'])."""
     knob, _, values = text.partition("=")
     items = [v.strip() for v in values.split(",") if v.strip()]
@@ -118,7 +114,7 @@ def parse_sweep(text: str) -> Tuple[str, List[str]]:
     return knob.strip().lstrip("-"), items
 
 
-def knob_args(knob: str, value: str) -> Tuple[List[str], Env]:
+def knob_args(knob: str, value: str) -> tuple[list[str], Env]:
     """Training options and environment that set `knob` to `value` (auto: unset, the variable removed); ValueError
     naming the fix when the training options have no such knob."""
     if knob[0].isupper():
@@ -137,7 +133,7 @@ def knob_args(knob: str, value: str) -> Tuple[List[str], Env]:
     return ([f"--{knob}"] if flag[value.lower()] else []), {}
 
 
-def build_cli() -> Any:
+def build_cli() -> ArgumentParser:
     p = parser("throughput", __doc__)
     add_np(p, [1, 2, 4], "world sizes, e.g. 1,2,4", dest="world_sizes")
     p.add_argument("--backends", default="ddp,horovod-gloo", help=f"comma-separated, from {', '.join(BACKENDS)}")
@@ -160,7 +156,7 @@ def build_cli() -> Any:
     return p
 
 
-def cases_of(args: Namespace, models: List[str], extra: List[str]) -> List[Case]:
+def cases_of(args: Namespace, models: list[str], extra: list[str]) -> list[Case]:
     """Every case to measure; ValueError naming the fix when one cannot run."""
     if args.dataset == "digits":
         from common.inputs.models import MIN_IMAGE_SIZE
@@ -177,7 +173,7 @@ def cases_of(args: Namespace, models: List[str], extra: List[str]) -> List[Case]
             raise ValueError(f"--steps {longest} is more than the {steps_per_epoch} steps of one digits epoch at world "
                              f"size {max(args.world_sizes)} and batch {args.batch_size}; lower --steps or --batch-size")
     sizes = {"*": side} if args.dataset == "digits" else args.image_size or parse_image_sizes("convnet=32,resnet18=224")
-    cases: List[Case] = []
+    cases: list[Case] = []
     for model in models:
         size, steps = for_model(sizes, model), for_model(args.steps, model)
         if size is None or steps is None:
@@ -192,7 +188,7 @@ def cases_of(args: Namespace, models: List[str], extra: List[str]) -> List[Case]
     return cases
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Measure; exit 0 when every run succeeded, 1 when some failed (the rest is reported), 2 on bad input."""
     raw = list(sys.argv[1:] if argv is None else argv)
     cut = raw.index("--") if "--" in raw else len(raw)
@@ -223,7 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return publish(report, args.out / "throughput.json")
 
 
-def digits_epoch(batch_size: int, world_size: int) -> Tuple[int, int]:
+def digits_epoch(batch_size: int, world_size: int) -> tuple[int, int]:
     """(steps of one epoch per rank, image side) of the digits, from the loader training builds."""
     from common.config import Config
     from common.inputs.data import make_loaders, open_datasets
@@ -233,7 +229,7 @@ def digits_epoch(batch_size: int, world_size: int) -> Tuple[int, int]:
     return len(make_loaders(config, train, val, rank=0, world_size=world_size, pin_memory=False)[0]), info.image_size
 
 
-def base_args(case: Case, args: Namespace, world_size: int, run_dir: Path) -> List[str]:
+def base_args(case: Case, args: Namespace, world_size: int, run_dir: Path) -> list[str]:
     """Training options of one run: data enough that every rank, at the largest world size, takes all its steps
     within one epoch (no epoch boundary inside the timing; cases_of checks that the digits are)."""
     data = ["--dataset", "digits"]
@@ -252,36 +248,30 @@ class Cell(NamedTuple):
     world_size: int
 
 
-def schedule(cells: Sequence[Any], repeats: int) -> List[Tuple[int, Any]]:
-    """(repeat, cell) in the order to run them: every cell once per repeat, every other repeat backwards, so that a
-    steady drift in the machine's speed falls on every cell alike (A B, B A)."""
-    return [(repeat, cell) for repeat in range(repeats) for cell in (cells if repeat % 2 == 0 else cells[::-1])]
-
-
 class Bench:
     """Runs every cell of every case, repeats interleaved across all of them, and keeps the numbers."""
 
-    def __init__(self, args: Namespace, extra: List[str]) -> None:
+    def __init__(self, args: Namespace, extra: list[str]) -> None:
         self.args, self.extra = args, extra
-        self.cases: List[Dict[str, Any]] = []
-        self.failures: List[Dict[str, Any]] = []
+        self.cases: list[dict[str, Any]] = []
+        self.failures: list[dict[str, Any]] = []
 
-    def cells(self, cases: List[Case], backends: List[str], baselines: List[str]) -> List[Cell]:
+    def cells(self, cases: list[Case], backends: list[str], baselines: list[str]) -> list[Cell]:
         """Every run of one repeat. The bare loops run only in the reference case (they have none of the knobs)."""
         return [Cell(index, label, np) for index, case in enumerate(cases) for np in self.args.world_sizes
                 for label in [*backends, *(BARE[b][0] for b in baselines if b in BARE and case.is_reference),
                               *(["independent"] if "independent" in baselines and np > 1 else [])]]
 
-    def measure(self, cases: List[Case], backends: List[str], baselines: List[str]) -> None:
+    def measure(self, cases: list[Case], backends: list[str], baselines: list[str]) -> None:
         """Run the schedule, then summarise each case from its runs."""
-        runs: List[List[Dict[str, Any]]] = [[] for _ in cases]
+        runs: list[list[dict[str, Any]]] = [[] for _ in cases]
         for order, (repeat, cell) in enumerate(schedule(self.cells(cases, backends, baselines), self.args.repeats)):
             run = self.run(cases[cell.case], cell, repeat)
             if run is not None:
                 runs[cell.case].append({**run, "order": order + 1})
         self.cases = [summarise(case, case_runs, backends) for case, case_runs in zip(cases, runs, strict=True)]
 
-    def run(self, case: Case, cell: Cell, repeat: int) -> Optional[Dict[str, Any]]:
+    def run(self, case: Case, cell: Cell, repeat: int) -> dict[str, Any] | None:
         """One cell's run: its samples/s, CPU time, time split and what it ran; None when it failed (kept)."""
         np, label = cell.world_size, cell.label
         run_dir = self.args.work / case.slug / f"{label}-{np}-r{repeat + 1}"
@@ -325,10 +315,10 @@ class Bench:
                 "command": " ".join(map(str, cmds[0])), "backend_options": first.get("backend_options")}
 
 
-def summarise(case: Case, runs: List[Dict[str, Any]], backends: List[str]) -> Dict[str, Any]:
+def summarise(case: Case, runs: list[dict[str, Any]], backends: list[str]) -> dict[str, Any]:
     """Median/min/max per label and world size, then scaling, exchange overhead, the loop ratios, and the time
     split of the repeat at the median (so that it describes the run the samples/s stands for)."""
-    cells: Dict[str, List[Dict[str, Any]]] = {}
+    cells: dict[str, list[dict[str, Any]]] = {}
     for r in sorted(runs, key=lambda r: (r["label"], r["world_size"])):
         cells.setdefault(f"{r['label']}@{r['world_size']}", []).append(r)
     throughput = {key: {**stats.spread([r["samples_per_s"] for r in cell]),
@@ -351,7 +341,7 @@ def summarise(case: Case, runs: List[Dict[str, Any]], backends: List[str]) -> Di
             "exchange_overhead": {k: v for k, v in overhead.items() if v}}
 
 
-def plot(report: Dict[str, Any], out: Path) -> str:
+def plot(report: dict[str, Any], out: Path) -> str:
     """throughput.png: per case, samples/s against world size (the references dashed) and scaling efficiency."""
     import matplotlib
 

@@ -20,14 +20,13 @@ other training code is launched again). Writes DIR/verdicts.json and prints a ta
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Sequence
 
 from common import launch
 from common.compare import analysis, floor, trajectory
@@ -36,8 +35,8 @@ from common.rundir.names import CONFIG_FILE, LAUNCH_LOG, SUMMARY_FILE
 from common.rundir.reader import read_run
 
 from . import stale
-from .jobs import JobFailed, add_places, add_timeout, run_cli, run_job
-from .machine import Record, publish
+from .jobs import JobFailed, add_places, add_timeout, parser, run_cli, run_job
+from .machine import Record
 
 DDP = "torchrun"
 GLOO, MPI = "horovodrun-gloo", "horovodrun-mpi"
@@ -51,7 +50,7 @@ class Setting:
 
     name: str
     np: int
-    args: Tuple[str, ...]
+    args: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -62,8 +61,8 @@ class Case:
     kind: str  # "same" (rounding apart) or "real" (one real difference)
     setting: Setting
     launcher: str
-    extra: Tuple[str, ...] = ()
-    a_extra: Tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    a_extra: tuple[str, ...] = ()
     what: str = ""
 
 
@@ -161,15 +160,15 @@ class Runner:
 
     def __init__(self, work: Path, timeout_s: float) -> None:
         self.work, self.timeout_s = work, timeout_s
-        self.failures: List[Dict] = []
-        self.made: Set[Path] = set()  # this invocation's runs: the same code, whatever the checkout's state
+        self.failures: list[dict] = []
+        self.made: set[Path] = set()  # this invocation's runs: the same code, whatever the checkout's state
 
     @property
     def launched(self) -> int:
         """How many runs this Runner launched (and completed)."""
         return len(self.made)
 
-    def run(self, launcher: str, np: int, args: Sequence[str]) -> Optional[Path]:
+    def run(self, launcher: str, np: int, args: Sequence[str]) -> Path | None:
         digest = hashlib.sha256(json.dumps([launcher, np, list(args)]).encode()).hexdigest()[:12]
         run_dir = self.work / f"{launcher}-{np}-{digest}"
         if run_dir in self.made or reusable(run_dir):
@@ -188,7 +187,7 @@ class Runner:
             return None
 
 
-def floor_runs(runner: Runner, setting: Setting, count: int) -> Tuple[Optional[Path], List[Path]]:
+def floor_runs(runner: Runner, setting: Setting, count: int) -> tuple[Path | None, list[Path]]:
     """The undisturbed DDP run of a setting and its disturbed runs, patterns 1..count."""
     base = runner.run(DDP, setting.np, setting.args)
     disturbed = [runner.run(DDP, setting.np, [*setting.args, "--perturb-ulp", "1", "--perturb-pattern", str(k)])
@@ -196,13 +195,7 @@ def floor_runs(runner: Runner, setting: Setting, count: int) -> Tuple[Optional[P
     return base, [d for d in disturbed if d is not None]
 
 
-def judge(case: Case, a, b, base, disturbed: List, margin: float) -> ParityResult:
-    """The verdict on one pair against a floor of these disturbed runs."""
-    measured = floor.measure(base, disturbed)
-    return analysis.parity(a, b, floor=measured, margin=margin)
-
-
-def correct(case: Case, pair: ParityResult, expected: Optional[int]) -> bool:
+def correct(case: Case, pair: ParityResult, expected: int | None) -> bool:
     """Whether a verdict is right: a same-training pair not called beyond; a real difference called beyond
     from its first differing step."""
     if case.kind == "same":
@@ -210,9 +203,42 @@ def correct(case: Case, pair: ParityResult, expected: Optional[int]) -> bool:
     return pair.within_noise_floor is False and pair.trains_differently_from == expected
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.verdicts", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+def judged(case: Case, runner: Runner, base: Path | None, disturbed: list[Path]) -> dict[str, Any] | None:
+    """One pair judged against floors of its first 1..N disturbed runs at every margin, with what it is; None when
+    one of its runs failed."""
+    setting = case.setting
+    a_dir = base if not case.a_extra else runner.run(DDP, setting.np, [*setting.args, *case.a_extra])
+    b_dir = runner.run(case.launcher, setting.np, [*setting.args, *case.extra])
+    twin = runner.run(DDP, setting.np, [*setting.args, *case.extra]) if case.kind == "real" else None
+    if base is None or a_dir is None or b_dir is None or not disturbed or (case.kind == "real" and twin is None):
+        return None
+    undisturbed, a, b = read_run(base), read_run(a_dir), read_run(b_dir)
+    shadows = [read_run(d) for d in disturbed]
+    expected = None
+    if twin is not None:  # the change alone, on DDP: where it first acts
+        expected = trajectory.first_differing(trajectory.step_gaps(undisturbed.step_states(),
+                                                                   read_run(twin).step_states()))
+    verdicts = {}
+    for k in range(1, len(shadows) + 1):
+        measured = floor.measure(undisturbed, shadows[:k])
+        for margin in sorted({*MARGINS, analysis.FLOOR_MARGIN}):
+            pair = analysis.parity(a, b, floor=measured, margin=margin)
+            verdicts[f"{k}@{margin:g}"] = {
+                "verdict": pair.verdict, "within_noise_floor": pair.within_noise_floor,
+                "trains_differently_from": pair.trains_differently_from,
+                "first_differing_step": pair.first_differing_step,
+                "largest_band_ratio": as_json(pair.largest_band_ratio),
+                "departure_ratio": pair.departure.ratio if pair.departure else None,
+                "branches": pair.branches, "correct": correct(case, pair, expected)}
+    return {"name": case.name, "kind": case.kind, "what": case.what, "setting": setting.name, "np": setting.np,
+            "a": f"{DDP} {' '.join([*setting.args, *case.a_extra])}".strip(),
+            "b": f"{case.launcher} {' '.join([*setting.args, *case.extra])}".strip(),
+            "expected_step": expected, "steps": undisturbed.summary.get("steps"), "judged": verdicts}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Launch (or reuse) the corpus's runs and judge every pair; 1 when a run failed, 2 on bad input."""
+    p = parser("verdicts", __doc__)
     p.add_argument("--max-floor", type=int, default=5, help="judge against floors of 1..N disturbed runs")
     p.add_argument("--quick", action="store_true", help="two pairs at a tiny size (a check of the pipeline)")
     p.add_argument("--cases", default="", help="only these pairs of the corpus, by name (comma-separated)")
@@ -230,45 +256,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     runner = Runner(args.work, args.timeout)
     settings = sorted({c.setting for c in corpus}, key=lambda s: s.name)
     floors = {s: floor_runs(runner, s, args.max_floor) for s in settings}
-    cases = []
-    for case in corpus:
-        base, disturbed = floors[case.setting]
-        a_dir = base if not case.a_extra else runner.run(DDP, case.setting.np, [*case.setting.args, *case.a_extra])
-        b_dir = runner.run(case.launcher, case.setting.np, [*case.setting.args, *case.extra])
-        twin = runner.run(DDP, case.setting.np, [*case.setting.args, *case.extra]) if case.kind == "real" else None
-        if base is None or a_dir is None or b_dir is None or not disturbed or (case.kind == "real" and twin is None):
-            continue
-        runs = {"base": read_run(base), "a": read_run(a_dir), "b": read_run(b_dir)}
-        shadows = [read_run(d) for d in disturbed]
-        expected = None
-        if twin is not None:  # the change alone, on DDP: where it first acts
-            expected = trajectory.first_differing(trajectory.step_gaps(runs["base"].step_states(),
-                                                                       read_run(twin).step_states()))
-        judged = {}
-        for k in range(1, len(shadows) + 1):
-            for margin in sorted({*MARGINS, analysis.FLOOR_MARGIN}):
-                pair = judge(case, runs["a"], runs["b"], runs["base"], shadows[:k], margin)
-                judged[f"{k}@{margin:g}"] = {
-                    "verdict": pair.verdict, "within_noise_floor": pair.within_noise_floor,
-                    "trains_differently_from": pair.trains_differently_from,
-                    "first_differing_step": pair.first_differing_step,
-                    "largest_band_ratio": as_json(pair.largest_band_ratio),
-                    "departure_ratio": pair.departure.ratio if pair.departure else None,
-                    "branches": pair.branches,
-                    "correct": correct(case, pair, expected)}
-        cases.append({"name": case.name, "kind": case.kind, "what": case.what, "setting": case.setting.name,
-                      "np": case.setting.np, "a": f"{DDP} {' '.join([*case.setting.args, *case.a_extra])}".strip(),
-                      "b": f"{case.launcher} {' '.join([*case.setting.args, *case.extra])}".strip(),
-                      "expected_step": expected, "steps": runs["base"].summary.get("steps"), "judged": judged})
-    grid = summarise(cases, args.max_floor)
-    report = {**record.header(), "settings": {"max_floor": args.max_floor, "margins": sorted(
-        {*MARGINS, analysis.FLOOR_MARGIN}), "default_margin": analysis.FLOOR_MARGIN,
-        "default_floor_runs": floor.DEFAULT_FLOOR_RUNS, "quick": args.quick},
-        "cases": cases, "grid": grid, "runs_launched": runner.launched, "failures": runner.failures}
-    return publish(report, args.out / "verdicts.json")
+    cases = [found for found in (judged(case, runner, *floors[case.setting]) for case in corpus) if found is not None]
+    return record.publish(args.out, cases=cases, grid=summarise(cases), runs_launched=runner.launched,
+                          failures=runner.failures, settings={
+                              "max_floor": args.max_floor, "margins": sorted({*MARGINS, analysis.FLOOR_MARGIN}),
+                              "default_margin": analysis.FLOOR_MARGIN, "default_floor_runs": floor.DEFAULT_FLOOR_RUNS,
+                              "quick": args.quick})
 
 
-def summarise(cases: List[Dict], max_floor: int) -> List[Dict]:
+def summarise(cases: list[dict]) -> list[dict]:
     """Per floor size and margin: false alarms (same-training pairs called beyond), misses (real differences not
     called beyond from their first step) and the cases of each."""
     keys = sorted({key for c in cases for key in c["judged"]}, key=lambda k: (int(k.split("@")[0]),

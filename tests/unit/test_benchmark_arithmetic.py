@@ -178,7 +178,7 @@ def test_the_verdict_grid_counts_exactly_the_wrong_verdicts():
     right = {(1, 3.0): True, (2, 3.0): True, (1, 30.0): True, (2, 30.0): True}
     cases = [case("a", "same", {**right, (1, 3.0): False}), case("b", "real", {**right, (2, 30.0): False}),
              case("c", "real", right)]
-    assert summarise(cases, 2) == [
+    assert summarise(cases) == [
         {"floor_runs": 1, "margin": 3.0, "same": 1, "real": 2, "false_alarms": ["a"], "misses": []},
         {"floor_runs": 1, "margin": 30.0, "same": 1, "real": 2, "false_alarms": [], "misses": []},
         {"floor_runs": 2, "margin": 3.0, "same": 1, "real": 2, "false_alarms": [], "misses": []},
