@@ -4,29 +4,27 @@ side by side, test by test.
     python -m benchmarks.horovod_suite --horovod PATH/TO/horovod --np 2,3
     python -m benchmarks.horovod_suite --horovod PATH/TO/horovod --np 2 --runs api --no-examples
 
-The suite is the checkout's test/parallel/test_torch.py (its test/utils/common.py imports `mock`: pip install mock).
-For each world size it runs under:
+The suite is the checkout's test/parallel/test_torch.py (its test/utils/common.py imports `mock`: pip install mock),
+at each world size under:
 
 - api:          torchrun --nproc-per-node N -m ddp_train.horovod_api -m pytest test_torch.py ...
 - horovod-mpi:  horovodrun -np N --mpi python -m pytest test_torch.py ... (Horovod's MPI controller)
-- horovod-gloo: horovodrun -np N --gloo python -m pytest test_torch.py::TorchTests::TEST, one launch per test:
-                under horovodrun --gloo the suite shuts Horovod down after every test and initializes it again,
-                which aborts Horovod 0.28.1's Gloo controller, so each test gets a fresh launch
+- horovod-gloo: horovodrun -np N --gloo python -m pytest test_torch.py::TorchTests::TEST, one launch per test (the
+                suite shuts Horovod down after every test and initializes it again, which aborts Horovod 0.28.1's
+                Gloo controller)
 
 Every test runs under a time limit (pytest-timeout, --test-timeout). A launch that makes no progress for that long
-and --hang-grace more (a rank blocked inside Horovod's C++, which pytest-timeout cannot interrupt) is stopped: the
-test that was running is recorded as hung, and the suite continues with the tests after it in a new launch; a
-launch that dies in a test records it as crashed and continues the same way. Each rank's outcome of each test is
-written as it happens by a small pytest plugin (so nothing is lost when a launch is stopped). A test passes when it
-passed on every rank. The API runs with HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (--api-stall-s) below the time limit,
-so that a collective some ranks never join fails with its stall error rather than the time limit.
+and --hang-grace more (a rank blocked inside Horovod's C++, which pytest-timeout cannot interrupt) is stopped, its
+test recorded as hung, and the tests after it run in a new launch; a launch that dies in a test records it as
+crashed and goes on the same way. A small pytest plugin writes each rank's outcomes as they happen (nothing is lost
+when a launch is stopped); a test passes when it passed on every rank. The API runs with
+HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (--api-stall-s) below the time limit, so that a collective some ranks never
+join fails with its stall error rather than the time limit.
 
-The examples (unless --no-examples), with their checkout's scripts unchanged: pytorch_mnist.py on small MNIST files
-written here, real Horovod (horovodrun --gloo) against the API at each world size, compared by their final weights
-(a helper runs the script and saves the weights of the model its DistributedOptimizer trains);
-pytorch_synthetic_benchmark.py, pytorch_imagenet_resnet50.py (on a small ImageFolder written here) and
-examples/elastic/pytorch/pytorch_mnist_elastic.py (under torchrun --max-restarts 1) on the API.
-
+The examples (unless --no-examples), unchanged: pytorch_mnist.py on small MNIST files written here, real Horovod
+(horovodrun --gloo) against the API at each world size, compared by the final weights of the model its
+DistributedOptimizer trains; pytorch_synthetic_benchmark.py, pytorch_imagenet_resnet50.py (on a small ImageFolder
+written here) and examples/elastic/pytorch/pytorch_mnist_elastic.py (torchrun --max-restarts 1) on the API.
 Writes DIR/horovod_suite.json.
 """
 
