@@ -7,11 +7,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
 
-from cluster import cluster  # noqa: F401 - a fixture: the simulated two-host cluster, one per session
-from slurm_cluster import slurm  # noqa: F401 - a fixture: Slurm on that cluster, one per session
 from launched import COMPARE, Runs
 from settings import ACROSS_HOSTS, DEMO
 from common.rundir.names import SUMMARY_FILE
+
+# Fixtures of their own modules: `cluster`, the simulated two-host cluster, and `slurm`, Slurm on it (one per session)
+pytest_plugins = ("cluster", "slurm_cluster")
 
 # A suite started in the background (`make test &`, nohup in a script) inherits SIGINT ignored, and so would
 # every job it starts; the tests send SIGINT as a terminal's Ctrl-C does, so jobs start with the default.
@@ -42,7 +43,7 @@ def demo(runs):
 
 
 @pytest.fixture(scope="session")
-def across_hosts(cluster, tmp_path_factory):  # noqa: F811 - the cluster fixture imported above
+def across_hosts(cluster, tmp_path_factory):
     """One comparison started on node0 across both hosts at world size 4: DDP and Horovod (Gloo and MPI).
     test_compare_hosts reads the comparison, test_multinode the runs it launched: (result, out, summary)."""
     out = tmp_path_factory.mktemp("across-hosts")
