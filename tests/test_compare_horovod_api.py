@@ -1,6 +1,7 @@
 """`compare-backends --scripts train_horovod.py --horovod-api`: one Horovod script, unchanged, under horovodrun (the
-real Horovod) and under torchrun on the project's Horovod API, judged as any pair: bitwise identical at 2 ranks,
-within the noise floor at 3; the runs say which implementation ran, and the real Horovod never ran under torchrun."""
+real Horovod) and under torchrun on the project's Horovod API, judged as any pair at 3 ranks, where rounding alone can
+part two runs: within the noise floor (test_horovod_api_parity shows the same bits at 2); the runs say which
+implementation ran, and the real Horovod never ran under torchrun."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.timeout(900)
 def on_the_api(tmp_path_factory):
     here = write_folder(tmp_path_factory.mktemp("api"), {"train_horovod.py": ("train_horovod.py", ())})
     out = here / "compare"
-    result = compare_backends("--scripts", "train_horovod.py", "--horovod-api", "--np", "2,3", "--hvd-controllers",
+    result = compare_backends("--scripts", "train_horovod.py", "--horovod-api", "--np", "3", "--hvd-controllers",
                               "gloo", "--repeats", "1", "--floor-runs", "1", "--out", out, "--", "--epochs", "1",
                               "--batch-size", "64", cwd=here)
     assert result.returncode == 0, result.output[-4000:]
@@ -29,8 +30,7 @@ def on_the_api(tmp_path_factory):
 def test_the_api_trains_as_horovod_does(on_the_api):
     output, summary = on_the_api
     pairs = {p["world_size"]: p for p in summary["parity"] if p["kind"] == "backends"}
-    assert (pairs[2]["a"], pairs[2]["b"]) == ("horovod-api@2#1", "horovod-gloo@2#1")
-    assert pairs[2]["bitwise_identical"], pairs[2]["verdict"]
+    assert list(pairs) == [3] and (pairs[3]["a"], pairs[3]["b"]) == ("horovod-api@3#1", "horovod-gloo@3#1")
     assert pairs[3]["bitwise_identical"] or pairs[3]["within_noise_floor"] is True, pairs[3]["verdict"]
     assert summary["summary"]["columns"] == ["horovod-api vs horovod-gloo"]
 

@@ -210,9 +210,9 @@ def test_fp16_compression_on_one_side_is_beyond_the_floor_of_given_disturbed_run
 
 @pytest.fixture(scope="module")
 def fp16_both(tmp_path_factory):
-    """--compression fp16 on both backends at 2 and 3 ranks, Horovod with Gloo and (at 3) MPI: the summary."""
+    """--compression fp16 on both backends at 3 ranks, Horovod with Gloo and MPI: the summary."""
     out = tmp_path_factory.mktemp("fp16-both")
-    result = compare("--np", "2,3", "--compression", "fp16", "--epochs", "1", "--repeats", "1", "--explain", "none",
+    result = compare("--np", "3", "--compression", "fp16", "--epochs", "1", "--repeats", "1", "--explain", "none",
                      "--floor-runs", "2", *DEMO, "--out", out, timeout=600)
     assert result.returncode == 0, result.output[-3000:]
     return json.loads((out / SUMMARY_FILE).read_text())
@@ -220,15 +220,14 @@ def fp16_both(tmp_path_factory):
 
 def test_fp16_compression_on_both_backends_is_judged_against_float16s_rounding(fp16_both):
     """Both send float16 gradients, grouped otherwise (DDP divides before compressing, Horovod after the sum): apart
-    from the first update at every world size, Gloo against MPI too, and never beyond a floor that rounds there."""
+    from the first update, Gloo against MPI too, and never beyond a floor that rounds there."""
     pairs = [p for p in fp16_both["parity"] if p["kind"] == "backends"]
-    assert {(p["a"], p["b"]) for p in pairs} == {("ddp@2#1", "horovod-gloo@2#1"), ("ddp@3#1", "horovod-gloo@3#1"),
-                                                  ("ddp@3#1", "horovod-mpi@3#1"),
+    assert {(p["a"], p["b"]) for p in pairs} == {("ddp@3#1", "horovod-gloo@3#1"), ("ddp@3#1", "horovod-mpi@3#1"),
                                                   ("horovod-gloo@3#1", "horovod-mpi@3#1")}
     for pair in pairs:
         assert pair["within_noise_floor"] is not False and pair["trains_differently_from"] is None, pair["verdict"]
-    for world in ("2", "3"):  # the floor's disturbed runs moved their gradients by float16's unit
-        assert fp16_both["noise_floors"][world]["band"]["weights"]["2"] > 1e-5
+    # the floor's disturbed runs moved their gradients by float16's unit
+    assert fp16_both["noise_floors"]["3"]["band"]["weights"]["2"] > 1e-5
 
 
 def test_a_floor_that_is_off_is_said_to_be_unknown(runs, demo_floor, tmp_path):
