@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from common.errors import OneLineParser
 from common.launch.openmpi import MPI_YIELD_VARIABLE, yield_mpi_when_idle
 from common.launch.placement import default_threads, detect
 
@@ -127,8 +128,8 @@ def measure(comm: Comm, sizes: List[int], warmup: int, iters: Callable[[int], in
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.allreduce_worker", description=__doc__, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m benchmarks.allreduce_worker", description=__doc__, allow_abbrev=False,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=tuple(COMMS), required=True)
     p.add_argument("--result", type=Path, required=True, help="JSON file rank 0 writes")
     p.add_argument("--min-bytes", type=int, default=4)

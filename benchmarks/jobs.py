@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, cast
 
 from common import launch
 from common.compare.arguments import world_sizes
-from common.errors import print_error
+from common.errors import OneLineParser, print_error
 from common.launch.hosts import DEFAULT_PORT, parse_hosts, place, spell
 from common.launch.remote import commands_for, run_commands, shown
 
@@ -22,8 +22,8 @@ Env = Dict[str, Optional[str]]  # a job's variables; None: removed from its envi
 
 def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """A benchmark's argument parser, its module docstring as the description."""
-    return argparse.ArgumentParser(prog=f"python -m benchmarks.{prog}", description=doc, allow_abbrev=False,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    return OneLineParser(prog=f"python -m benchmarks.{prog}", description=doc, allow_abbrev=False,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def refuse(prog: str, message: str) -> int:

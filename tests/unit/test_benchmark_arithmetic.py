@@ -207,3 +207,14 @@ def test_a_job_gets_the_repository_importable_and_loses_a_variable_given_as_none
     assert "HOROVOD_CYCLE_TIME" not in env and env["OMP_NUM_THREADS"] == "1"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
     assert job_env()["HOROVOD_CYCLE_TIME"] == "3"
+
+
+@pytest.mark.parametrize("module, bad", [(allreduce, ["--backends", "nope"]), (throughput, ["--bogus"]),
+                                         (exact_cost, ["--np", "two"]), (allreduce_worker, ["--backend", "nope"])])
+def test_a_bad_option_is_one_line_and_exit_code_2(capsys, module, bad):
+    with pytest.raises(SystemExit) as stopped:
+        module.main(bad)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(lines) == 1, lines
+    prog = f"python -m benchmarks.{module.__name__.split('.')[-1]}"
+    assert lines[0].startswith(f"{prog}: error: ") and lines[0].endswith("(see --help)"), lines
