@@ -67,6 +67,18 @@ def under_load(load_before: dict[str, float], n_cores: int, busy_before: float |
     return busy_before > BUSY_LIMIT if busy_before is not None else load_before["1m"] > 0.25 * n_cores
 
 
+def machine() -> dict[str, Any]:
+    """The machine a result was measured on."""
+    import torch
+
+    from common.rundir.records import versions
+
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    return {"host": platform.node(), "cpu_model": cpu_model(), "cores": cores(), "memory_gib": memory,
+            "gpus": gpus, "versions": {**versions(), "mpi": mpi_version()}}
+
+
 class Record:
     """The fields every result shares, started with the measurement: the machine and the code measured (a commit
     made while it runs is not in it), the load before and after, the exact command."""
@@ -75,15 +87,7 @@ class Record:
         self.benchmark = benchmark
         self.argv = list(sys.argv[1:] if argv is None else argv)
         self.busy_before = cpu_busy()  # before its own start-up work: another program's use
-        self.started, self.load_before = time.time(), load()
-        import torch
-
-        from common.rundir.records import versions
-
-        self.machine = {"host": platform.node(), "cpu_model": cpu_model(), "cores": cores(),
-                        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-                        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-                        "versions": {**versions(), "mpi": mpi_version()}}
+        self.started, self.load_before, self.machine = time.time(), load(), machine()
 
     def header(self) -> dict[str, Any]:
         """The result's common fields."""
