@@ -8,7 +8,6 @@ is the slowest rank's mean. Rank 0 writes the results as JSON to --result.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -18,9 +17,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from common.errors import OneLineParser
 from common.launch.openmpi import MPI_YIELD_VARIABLE, yield_mpi_when_idle
 from common.launch.placement import default_threads, detect
+
+from .jobs import parser
 
 MPI_ALGORITHM_VARIABLE = "OMPI_MCA_coll_tuned_allreduce_algorithm"
 
@@ -128,8 +128,7 @@ def measure(comm: Comm, sizes: List[int], warmup: int, iters: Callable[[int], in
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = OneLineParser(prog="python -m benchmarks.allreduce_worker", description=__doc__, allow_abbrev=False,
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("allreduce_worker", __doc__)
     p.add_argument("--backend", choices=tuple(COMMS), required=True)
     p.add_argument("--result", type=Path, required=True, help="JSON file rank 0 writes")
     p.add_argument("--min-bytes", type=int, default=4)

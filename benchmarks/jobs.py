@@ -22,7 +22,7 @@ Env = Dict[str, Optional[str]]  # a job's variables; None: removed from its envi
 
 def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """A benchmark's argument parser, its module docstring as the description."""
-    return OneLineParser(prog=f"python -m benchmarks.{prog}", description=doc, allow_abbrev=False,
+    return OneLineParser(prog=f"python -m benchmarks.{prog}", description=doc,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
