@@ -373,11 +373,48 @@ def port_speed(result: Result) -> str:
           met(r["command_median_s"] < result["target_s"])] for r in result["rows"]]))
 
 
+def negotiation(result: Result) -> str:
+    """The Horovod API's negotiation per steady step, response cache off and on, simulated and real."""
+    def cell(rows: dict[tuple[str, int, int, str], Result], key: tuple[str, int, int, str], field: str) -> str:
+        row = rows.get(key)
+        return MISSING if row is None or row.get(field) is None else f"{row[field]:,.3f}"
+
+    rows = {(r["mode"], r["ranks"], r["tensors"], r["cache"]): r for r in result["rows"]}
+    simulated = sorted({(t, n) for mode, n, t, _ in rows if mode == "simulated"})
+    real = sorted({(t, n) for mode, n, t, _ in rows if mode == "real"})
+    target = result["target_rank0_ms"]
+    parts = [f"Simulated at the level of the messages (median of the steady steps; the first step apart). Rank 0's "
+             f"CPU with the cache on must stay under {target:g} ms at every N; the agreement's rounds and bytes are "
+             "what each rank waits on per cycle:\n\n" + table(
+                 ["tensors", "ranks", "rank 0 CPU ms, off", "rank 0 CPU ms, on", "met", "wall ms, off", "wall ms, on",
+                  "rounds", "bytes per rank", "requests to rank 0, on", "first step: rank 0 CPU ms, on"],
+                 [[t, n, cell(rows, ("simulated", n, t, "off"), "rank0_cpu_ms"),
+                   cell(rows, ("simulated", n, t, "on"), "rank0_cpu_ms"),
+                   met(rows[("simulated", n, t, "on")]["rank0_cpu_ms"] <= target) if t == 161 and
+                   ("simulated", n, t, "on") in rows else "",
+                   cell(rows, ("simulated", n, t, "off"), "wall_ms"), cell(rows, ("simulated", n, t, "on"), "wall_ms"),
+                   rows.get(("simulated", n, t, "on"), {}).get("rounds", MISSING),
+                   rows.get(("simulated", n, t, "on"), {}).get("bytes_per_rank", MISSING),
+                   rows.get(("simulated", n, t, "on"), {}).get("requests_to_rank0", MISSING),
+                   cell(rows, ("simulated", n, t, "on"), "first_rank0_cpu_ms")] for t, n in simulated])]
+    if real:
+        parts.append("Real processes under torchrun on this machine (the coordinator over sockets; with the cache on, "
+                     "the agreement a Gloo allreduce), the slowest rank's time per step:\n\n" + table(
+                         ["tensors", "ranks", "wall ms, off", "wall ms, on", "first step ms, off",
+                          "first step ms, on"],
+                         [[t, n, cell(rows, ("real", n, t, "off"), "wall_ms"),
+                           cell(rows, ("real", n, t, "on"), "wall_ms"),
+                           cell(rows, ("real", n, t, "off"), "first_wall_ms"),
+                           cell(rows, ("real", n, t, "on"), "first_wall_ms")] for t, n in real]))
+    return "\n\n".join(parts)
+
+
 #: a result's "benchmark" -> its section: (result, options from the placeholder) -> markdown
 SECTIONS: dict[str, Callable[..., str]] = {
     "allreduce": allreduce, "throughput": throughput, "loop_overhead": loop_overhead, "ddp_comm_hook": ddp_comm_hook,
     "probe_cost": probe_cost, "horovod_cycle": horovod_cycle, "stop_latency": stop_latency, "verdicts": verdicts,
-    "exact_cost": exact_cost, "horovod_api": horovod_api, "horovod_suite": horovod_suite, "port_speed": port_speed}
+    "exact_cost": exact_cost, "horovod_api": horovod_api, "horovod_suite": horovod_suite, "port_speed": port_speed,
+    "negotiation": negotiation}
 
 
 def section(result: Result, *options: str) -> str:

@@ -111,7 +111,7 @@ def mismatch(requests: Sequence[Request], joined: int = 0, fusion_threshold: int
 
 def set_ranks_problem(requests: Sequence[Request]) -> Optional[str]:
     """A process set added or removed: every rank must name the same one."""
-    other = _first_difference(requests, lambda r: (list(r.ranks), r.root))
+    other = _first_difference(requests, lambda r: (list(r.ranks), r.set_id))
     if other is not None:
         return (f"Mismatched process set: One rank gave ranks {requests[0].ranks}, but another rank gave ranks "
                 f"{other.ranks}; call hvd.add_process_set and hvd.remove_process_set with the same ranks on every "

@@ -2,6 +2,12 @@
 responses, in their order, on a thread of its own, so that the script's thread only waits when it asks for a result
 (synchronize) and a DistributedOptimizer's allreduces run while backward computes.
 
+With the response cache on (HOROVOD_CACHE_CAPACITY > 0, Horovod's default) that thread runs Horovod's cycles
+(cycle.py): a collective negotiated before is not sent to rank 0; each cycle the ranks agree, with one bitwise-AND
+allreduce of a few words, on the cached collectives every rank has asked for and on the responses of rank 0 every
+rank holds, and run them, in the same order on every rank. A rank takes part in cycles only while it has something
+to look up, to agree on or to run (Horovod's ranks cycle without end, every HOROVOD_CYCLE_TIME).
+
 A rank takes part in every response sent to it, even one whose tensor it no longer holds (a joined rank adds zeros),
 so that no other rank waits on it; a response it cannot run, or a coordinator that went away, fails what waits."""
 
@@ -16,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 import torch
 
 from . import execute
+from .cycle import RankCycle
 from .dtypes import DTYPES
 from .errors import DUPLICATE_NAME, SHUT_DOWN, HorovodInternalError
 from .handles import Handle
@@ -23,8 +30,18 @@ from .messages import (ADD_SET, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCA
                        REMOVE_SET, Channel, Request, Response, read_responses, requests_message)
 
 Key = Tuple[int, int, str]
-#: seconds without a word from the coordinator after which a rank that waits gives up on it
-COORDINATOR_SILENCE_S = 60.0
+#: the agreement of one cycle: this rank's words in, every rank's AND out (None once `stop()` says to give up)
+Agree = Callable[[List[int], Callable[[], bool]], Optional[List[int]]]
+
+
+@dataclass
+class Cycling:
+    """The response cache's side of the engine: this rank's cycle state, the agreement collective, Horovod's cycle
+    time."""
+
+    cycle: RankCycle
+    agree: Agree
+    cycle_time_s: float
 
 
 @dataclass
@@ -49,7 +66,7 @@ class Engine:
     def __init__(self, channel: Channel, rank: int, communicator: Callable[[int, int], execute.Communicator],
                  on_set: Callable[[Response], None], join_device: Callable[[], int], silence_s: float,
                  on_event: Optional[Callable[[str, str, bool], None]] = None,
-                 on_closed: Optional[Callable[[int], None]] = None) -> None:
+                 on_closed: Optional[Callable[[int], None]] = None, cycling: Optional[Cycling] = None) -> None:
         self.channel = channel
         self.rank = rank
         self.communicator = communicator
@@ -60,13 +77,16 @@ class Engine:
         self.on_closed = on_closed
         self.table: Dict[Key, Entry] = {}
         self.lock = threading.Lock()
+        self.work = threading.Condition(self.lock)  # cycles: something to look up, agree on or run
+        self.cycling = cycling
         self.responses: "queue.Queue[Optional[Response]]" = queue.Queue()
         self.broken: Optional[str] = None
         self.closed: Set[int] = set()  # generations shut down (by any rank's hvd.shutdown())
         self.heard = time.monotonic()
         self.unrun = 0  # responses received and not yet run
         self._reader = threading.Thread(target=self._read, name="horovod_api-reader", daemon=True)
-        self._runner = threading.Thread(target=self._run, name="horovod_api-engine", daemon=True)
+        self._runner = threading.Thread(target=self._run if cycling is None else self._cycles,
+                                        name="horovod_api-engine", daemon=True)
 
     def start(self) -> None:
         self.channel.send({"type": "hello", "rank": self.rank})
@@ -85,8 +105,20 @@ class Engine:
                 raise ValueError(DUPLICATE_NAME)
             for key, entry in zip(keys, entries, strict=True):
                 self.table[key] = entry
+            if self.cycling is None:
+                now = [e.request for e in entries]
+            else:
+                cycle = self.cycling.cycle
+                now = [e.request for e in entries if not cycle.ask(e.request)]
+                if any(e.request.kind == JOIN for e in entries):
+                    cycle.joined = True  # the other ranks' cached collectives go to rank 0, which adds its zeros
+                self.work.notify()
+        if now:
+            self._to_coordinator(now)
+
+    def _to_coordinator(self, requests: List[Request]) -> None:
         try:
-            self.channel.send(requests_message([e.request for e in entries]))
+            self.channel.send(requests_message(requests))
         except OSError:
             self._break(f"{SHUT_DOWN} (rank 0, which coordinates the collectives, is gone)")
 
@@ -123,11 +155,28 @@ class Engine:
             self.heard = time.monotonic()
             if message["type"] == "closed":
                 self._close(int(message["gen"]))
+            elif message["type"] == "gone":
+                self._break(f"{SHUT_DOWN} (rank {message['rank']} exited or lost its connection to rank 0)")
             elif message["type"] == "responses":
                 for response in read_responses(message):
+                    if self.cycling is not None:
+                        self._hold(response)
+                        continue
                     with self.lock:
                         self.unrun += 1
                     self.responses.put(response)
+
+    def _hold(self, response: Response) -> None:
+        """Cycles: an error fails what it names at once (it runs nothing); a numbered response waits for the cycle
+        in which every rank holds it."""
+        if response.seq == 0:
+            self._fail(self._take(response), response.error)
+            return
+        with self.lock:
+            self.unrun += 1
+            assert self.cycling is not None
+            self.cycling.cycle.hold(response)
+            self.work.notify()
 
     def _close(self, gen: int) -> None:
         """A generation was shut down (by any rank): what this rank still waits for in it fails. The responses of it
@@ -136,6 +185,8 @@ class Engine:
             self.closed.add(gen)
             keys = [key for key in self.table if key[0] == gen]
             entries = [self.table.pop(key) for key in keys]
+            if self.cycling is not None:
+                self.cycling.cycle.forget(keys)
         for entry in entries:
             entry.handle.fail(SHUT_DOWN)
         if self.on_closed is not None:
@@ -147,6 +198,7 @@ class Engine:
             if self.broken is None:
                 self.broken = message
             entries, self.table = list(self.table.values()), {}
+            self.work.notify_all()
         for entry in entries:
             entry.handle.fail(self.broken)
 
@@ -163,34 +215,98 @@ class Engine:
                 with self.lock:
                     self.unrun -= 1
 
+    # --- cycles (the response cache) ---------------------------------------------------------------------------
+    def _cycles(self) -> None:
+        assert self.cycling is not None
+        cycling, cycle = self.cycling, self.cycling.cycle
+        started = 0.0
+        while True:
+            with self.lock:
+                while self.broken is None and not cycle.has_work():
+                    self.work.wait()
+                if self.broken is not None:
+                    return
+            # Horovod's cycle: what the script asks for within HOROVOD_CYCLE_TIME is agreed on together
+            time.sleep(max(0.0, started + cycling.cycle_time_s - time.monotonic()))
+            started = time.monotonic()
+            with self.lock:
+                words = cycle.vector(started)
+                now = cycle.take_outgoing()
+            if now:
+                self._to_coordinator(now)
+            try:
+                agreed = cycling.agree(words, lambda: self.broken is not None)
+            except Exception as exc:  # a rank's process ended in the agreement: its connections closed
+                self._break(f"{SHUT_DOWN} ({type(exc).__name__}: {exc})")
+                return
+            if agreed is None:
+                return
+            with self.lock:
+                plan = cycle.settle(agreed)
+            ran = bool(plan.cached or plan.responses)
+            try:
+                for response in plan.cached:
+                    self._execute(response)
+                for response in plan.responses:
+                    entries = self._execute(response)
+                    with self.lock:
+                        self.unrun -= 1
+                        cycle.ran(response, {name: (e.request if e is not None else None)
+                                             for name, e in zip(response.names, entries, strict=True)})
+            except Exception as exc:  # a collective of torch.distributed failed: its groups are unusable now
+                self._break(f"{SHUT_DOWN} ({type(exc).__name__}: {exc})")
+                return
+            with self.lock:
+                later = cycle.take_outgoing()
+            if later:
+                self._to_coordinator(later)
+            if not ran:  # nothing every rank asked for yet: wait a cycle, or for this rank's next request
+                with self.lock:
+                    self.work.wait(cycling.cycle_time_s)
+
+    # --- running a response ----------------------------------------------------------------------------------
     def _take(self, response: Response) -> List[Optional[Entry]]:
         with self.lock:
             return [self.table.pop((response.gen, response.ps, name), None) for name in response.names]
 
-    def _execute(self, response: Response) -> None:
+    @staticmethod
+    def _fail(entries: List[Optional[Entry]], message: Optional[str]) -> None:
+        for entry in entries:
+            if entry is not None:
+                entry.handle.fail(message or SHUT_DOWN)
+
+    def _member(self, response: Response) -> Optional[execute.Communicator]:
+        """The groups of the response's process set, or None where this rank is not in it (with the cache on,
+        every rank hears every response)."""
+        try:
+            comm = self.communicator(response.gen, response.ps)
+        except KeyError:
+            return None
+        return comm if comm.set_rank >= 0 else None
+
+    def _execute(self, response: Response) -> List[Optional[Entry]]:
+        """Run one response; this rank's entries of it (None for a name it had none of)."""
         entries = self._take(response)
         if response.kind == ERROR:
-            for entry in entries:
-                if entry is not None:
-                    entry.handle.fail(response.error)
-            return
+            self._fail(entries, response.error)
+            return entries
         if self.broken is not None:
-            for entry in entries:
-                if entry is not None:
-                    entry.handle.fail(self.broken)
-            return
+            self._fail(entries, self.broken)
+            return entries
         if response.kind == JOIN:
             for entry in entries:
                 if entry is not None:
-                    entry.handle.set_result(entry.index, response.value)
-            return
+                    entry.handle.set_result(entry.index, response.joining)
+            return entries
         if response.kind in (ADD_SET, REMOVE_SET):
             self.on_set(response)
             for entry in entries:
                 if entry is not None:
-                    entry.handle.set_result(entry.index, response.value)
-            return
-        comm = self.communicator(response.gen, response.ps)
+                    entry.handle.set_result(entry.index, response.set_id)
+            return entries
+        comm = self._member(response)
+        if comm is None:
+            return entries
         for entry in entries:
             if entry is not None and entry.ready is not None:
                 torch.cuda.current_stream(entry.ready[0]).wait_event(entry.ready[1])
@@ -210,6 +326,7 @@ class Engine:
                     done.record(torch.cuda.current_stream(device))
                     event = (device, done)
                 entry.handle.set_result(entry.index, result, event)
+        return entries
 
     def _stand_in(self, response: Response, index: int) -> torch.Tensor:
         """Zeros of the shape the response names, for a part this rank does not hold."""

@@ -5,17 +5,20 @@ every type Horovod takes travels, int16 included, which Gloo does not reduce."""
 
 from __future__ import annotations
 
+import datetime
 import math
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from .arithmetic import postscale, reducescatter_rows, scale_
+from .cycle import to_signed, to_unsigned
 from .dtypes import AVERAGE, MAX, MIN, PRODUCT, SUM
 from .messages import Response
 
+_AGREE_POLL = datetime.timedelta(seconds=1)
 _OPS = {AVERAGE: dist.ReduceOp.SUM, SUM: dist.ReduceOp.SUM, MIN: dist.ReduceOp.MIN, MAX: dist.ReduceOp.MAX,
         PRODUCT: dist.ReduceOp.PRODUCT}
 
@@ -49,6 +52,23 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 def row_bytes(shape: Sequence[int], dtype: torch.dtype) -> int:
     """Bytes of one row (everything but the first dimension)."""
     return math.prod(shape[1:]) * dtype.itemsize if len(shape) else dtype.itemsize
+
+
+def agree(comm: Communicator, words: List[int], stop: Callable[[], bool]) -> Optional[List[int]]:
+    """The response cache's agreement: the bitwise AND of every rank's words (unsigned 64-bit), or None once `stop()`
+    says the wait is over (checked every second while a rank has not come)."""
+    tensor = torch.tensor(to_signed(words), dtype=torch.int64)
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.BAND, group=comm.cpu, async_op=True)
+    while True:
+        try:
+            work.wait(timeout=_AGREE_POLL)
+            break
+        except RuntimeError as exc:
+            if "timed out" not in str(exc).lower():
+                raise
+            if stop():
+                return None
+    return to_unsigned(tensor.tolist())
 
 
 def allreduce(response: Response, inputs: List[torch.Tensor], outputs: List[torch.Tensor],

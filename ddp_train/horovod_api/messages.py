@@ -8,7 +8,7 @@ import json
 import socket
 import struct
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 # The kinds of collectives (Horovod's Request::RequestType names), and the API's own control kinds.
@@ -39,7 +39,8 @@ class Request:
     group: str = ""  # a grouped collective's base name: its tensors are answered together
     group_size: int = 0
     checked: bool = False  # a DistributedOptimizer's gradient whose shape and type every rank matched before
-    ranks: List[int] = field(default_factory=list)  # a process set added or removed: its ranks (its id: root)
+    ranks: List[int] = field(default_factory=list)  # a process set added or removed: its ranks
+    set_id: int = -1  # a process set removed: its id
 
 
 @dataclass
@@ -62,7 +63,8 @@ class Response:
     sizes: List[List[int]] = field(default_factory=list)  # per name: first dimension of each rank's tensor
     splits: List[List[int]] = field(default_factory=list)  # alltoall: rows sent by rank i to rank j
     joined: List[int] = field(default_factory=list)  # ranks that joined: they add zeros
-    value: int = -1  # join: the rank that joined last; a new process set: its id
+    joining: int = -1  # join: the rank that joined last
+    set_id: int = -1  # a process set added (-1: it existed) or removed: its id
     ranks: List[int] = field(default_factory=list)  # a new process set: its ranks
 
 
@@ -72,12 +74,18 @@ def encode(message: Dict[str, Any]) -> bytes:
     return struct.pack("!I", len(body)) + body
 
 
+def fields_of(message: Any) -> Dict[str, Any]:
+    """A request's or response's fields as a dict for JSON (shallow: dataclasses.asdict deep-copies every list, and
+    costs rank 0 more than the negotiation itself)."""
+    return dict(vars(message))
+
+
 def requests_message(requests: List[Request]) -> Dict[str, Any]:
-    return {"type": "requests", "requests": [asdict(r) for r in requests]}
+    return {"type": "requests", "requests": [fields_of(r) for r in requests]}
 
 
 def responses_message(responses: List[Response]) -> Dict[str, Any]:
-    return {"type": "responses", "responses": [asdict(r) for r in responses]}
+    return {"type": "responses", "responses": [fields_of(r) for r in responses]}
 
 
 def read_requests(message: Dict[str, Any]) -> List[Request]:

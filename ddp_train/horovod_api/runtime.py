@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -26,9 +27,10 @@ from ddp_train.backend import DDPBackend
 
 from . import coordinator as coordination
 from . import process_sets as sets
-from .engine import Engine
+from .cycle import RankCycle
+from .engine import Cycling, Engine
 from .errors import NOT_INITIALIZED
-from .execute import Communicator
+from .execute import Communicator, agree
 from .handles import HandleTable
 from .messages import ADD_SET, Channel, Response
 from .settings import Settings
@@ -164,14 +166,17 @@ def _build_world() -> World:
     _join_job(settings)
     rank, size = dist.get_rank(), dist.get_world_size()
     everyone = _communicator(list(range(size)), rank, settings)
-    hosts: List[Optional[str]] = [None] * size
-    dist.all_gather_object(hosts, socket.gethostname(), group=everyone.cpu)
-    topology = Topology.from_hosts([str(h) for h in hosts], rank)
+    places: List[Optional[Tuple[str, int]]] = [None] * size
+    dist.all_gather_object(places, (socket.gethostname(), settings.cache_capacity), group=everyone.cpu)
+    topology = Topology.from_hosts([str(p[0]) for p in places if p is not None], rank)
+    # Every rank must cycle alike: the smallest capacity any rank was given (0 on one rank turns the cache off)
+    capacity = min(int(p[1]) for p in places if p is not None)
     coordinator = None
     address: List[Optional[str]] = [None]
     if rank == 0:
         listener = coordination.listen(single_host=topology.local_size == size)
-        coordinator = coordination.Coordinator(listener, size, settings, on_event=_timeline_event)
+        coordinator = coordination.Coordinator(listener, size, settings, broadcast=capacity > 0,
+                                               on_event=_timeline_event)
         coordinator.start()
         host, port = listener.getsockname()[:2]
         address = [f"{host}:{port}"]
@@ -180,8 +185,12 @@ def _build_world() -> World:
     channel = Channel(socket.create_connection((host, int(port)), timeout=settings.collective_timeout_s))
     channel.sock.settimeout(None)
     silence = coordination.HEARTBEAT_S * 60 if settings.stall_shutdown_s > 0 else 0.0
+    cycling = None
+    if capacity > 0:
+        cycling = Cycling(RankCycle(capacity, settings.stall_check_s, settings.fusion_threshold),
+                          partial(agree, everyone), settings.cycle_time_s)
     engine = Engine(channel, rank, _set_communicator, _on_set, lambda: STATE.join_device, silence,
-                    on_event=_timeline_event, on_closed=_on_closed)
+                    on_event=_timeline_event, on_closed=_on_closed, cycling=cycling)
     world = World(topology, settings, everyone, engine, coordinator, {tuple(range(size)): everyone})
     engine.start()
     atexit.register(_at_exit)
@@ -210,17 +219,17 @@ def _on_set(response: Response) -> None:
     world = STATE.world
     assert world is not None
     if response.kind == ADD_SET:
-        if response.value < 0:
+        if response.set_id < 0:
             return
         key = tuple(response.ranks)
         if key not in world.groups:
             world.groups[key] = _communicator(list(key), world.topology.rank, world.settings)
         if response.gen == STATE.gen:
-            STATE.sets[response.value] = world.groups[key]
-            sets.register(response.value, list(key))
+            STATE.sets[response.set_id] = world.groups[key]
+            sets.register(response.set_id, list(key))
     elif response.gen == STATE.gen:
-        STATE.sets.pop(response.value, None)
-        sets.unregister(response.value)
+        STATE.sets.pop(response.set_id, None)
+        sets.unregister(response.set_id)
 
 
 def init(comm: Optional[object] = None, process_sets: Optional[object] = None) -> None:

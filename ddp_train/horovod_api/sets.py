@@ -54,7 +54,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if ranks is None:
         return False
     name = f"process_set.remove.{set_id}"
-    synchronize(_control(REMOVE_SET, name, global_process_set, extra={"ranks": ranks, "root": set_id}))
+    synchronize(_control(REMOVE_SET, name, global_process_set, extra={"ranks": ranks, "set_id": set_id}))
     return True
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 FUSION_THRESHOLD = 128 * 2 ** 20
 CYCLE_TIME_MS = 1.0
 STALL_CHECK_S = 60.0
+CACHE_CAPACITY = 1024
 #: the API's own: Horovod waits forever for a rank that stopped taking part (0); the API ends the wait after this
 STALL_SHUTDOWN_S = 300.0
 
@@ -27,12 +28,14 @@ class Settings:
     cycle_time_s: how long complete allreduces wait for others to fuse with (HOROVOD_CYCLE_TIME, ms);
     stall_check_s: when a collective some ranks wait in is reported (HOROVOD_STALL_CHECK_TIME_SECONDS, 0 with
     HOROVOD_STALL_CHECK_DISABLE=1); stall_shutdown_s: when it fails on every rank that waits
-    (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; 0 waits forever, as Horovod does by default)."""
+    (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; 0 waits forever, as Horovod does by default); cache_capacity: how many
+    collectives the response cache keeps (HOROVOD_CACHE_CAPACITY; 0 sends every request to rank 0)."""
 
     fusion_threshold: int = FUSION_THRESHOLD
     cycle_time_s: float = CYCLE_TIME_MS / 1000
     stall_check_s: float = STALL_CHECK_S
     stall_shutdown_s: float = STALL_SHUTDOWN_S
+    cache_capacity: int = CACHE_CAPACITY
 
     @classmethod
     def from_environment(cls) -> "Settings":
@@ -44,7 +47,8 @@ class Settings:
             check = shutdown  # Horovod would never shut down then; here the report comes when the wait ends
         return cls(fusion_threshold=int(_number("HOROVOD_FUSION_THRESHOLD", FUSION_THRESHOLD)),
                    cycle_time_s=_number("HOROVOD_CYCLE_TIME", CYCLE_TIME_MS) / 1000,
-                   stall_check_s=check, stall_shutdown_s=shutdown)
+                   stall_check_s=check, stall_shutdown_s=shutdown,
+                   cache_capacity=max(0, int(_number("HOROVOD_CACHE_CAPACITY", CACHE_CAPACITY))))
 
     @property
     def collective_timeout_s(self) -> float:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_train.horovod_api import arithmetic, checks, coordinator, messages, optimizer, settings
+from ddp_train.horovod_api import arithmetic, checks, messages, negotiation, optimizer, settings
 from ddp_train.horovod_api.dtypes import AVERAGE, MIN, SUM
 from ddp_train.horovod_api.messages import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER, Request
 from ddp_train.horovod_api.runtime import Topology
@@ -136,14 +136,14 @@ def test_messages_survive_the_wire_in_pieces():
 
 
 def test_stall_report_names_the_missing_ranks():
-    report = coordinator.stall_report({1: ["allreduce.b", "allreduce.a"]}, {1}, 60, 300)
+    report = negotiation.stall_report({1: ["allreduce.b", "allreduce.a"]}, {1}, 60, 300)
     assert "waiting for remainder of ranks for more than 60 seconds" in report
     assert "\n1!: [allreduce.a, allreduce.b]" in report
     assert report.endswith('One or more rank (marked by "!") is stalled for longer than 300 seconds. Will shutdown.')
 
 
 def test_grouped_tensors_keep_their_order():
-    assert sorted(["g_10of12", "g_2of12", "g_1of12"], key=coordinator.group_index) == ["g_1of12", "g_2of12",
+    assert sorted(["g_10of12", "g_2of12", "g_1of12"], key=negotiation.group_index) == ["g_1of12", "g_2of12",
                                                                                        "g_10of12"]
 
 
