@@ -221,11 +221,17 @@ def test_the_dropped_zero_step_parts_the_port_where_and_why_the_report_says(fold
     (zero,) = [c for c in report_of(folder, "adam").changes if c.rule == "hvd.broadcast_optimizer_state"]
     assert zero.changes_training and "Adam's step count" in zero.effect
     out = folder / "compare-port-adam"
-    result = compare("--port", "horovod_adam.py", "--np", "2", "--hvd-controllers", "gloo", "--repeats", "1",
-                     "--noise-floor", "off", "--out", out, "--", *ARGS, cwd=folder)
+    # as a user runs it: every Horovod controller (Open MPI's too), no --hvd-controllers
+    result = compare("--port", "horovod_adam.py", "--np", "2", "--repeats", "1", "--noise-floor", "off", "--out",
+                     out, "--", *ARGS, cwd=folder)
     assert result.returncode == 0, result.output[-4000:]
     assert "ported horovod_adam.py to " in result.output and (folder / "horovod_adam_ported.py").is_file()
-    (pair,) = json.loads((out / SUMMARY_FILE).read_text())["parity"]
+    pairs = json.loads((out / SUMMARY_FILE).read_text())["parity"]
+    assert {label.split("@")[0] for p in pairs for label in (p["a"], p["b"])} == {"ddp", "horovod-gloo",
+                                                                                  "horovod-mpi"}, pairs
+    for run in ("horovod-gloo-np2-r1", "horovod-mpi-np2-r1", "ddp-np2-r1"):
+        assert (out / "runs" / run / SUMMARY_FILE).is_file(), run
+    (pair,) = [p for p in pairs if {p["a"].split("@")[0], p["b"].split("@")[0]} == {"ddp", "horovod-gloo"}]
     # the zero step moves no weight under Adam: the first step's loss is the same, the second is not
     assert pair["first_differing_step"] == 2, pair
     assert pair["cause"]["quantity"] == zero.cause and pair["cause"]["step"] == 1, pair["cause"]

@@ -37,18 +37,13 @@ PROJECT_PACKAGES = ("common", "ddp_train", "hvd_train", "benchmarks")
 #: set beside PYTHONSAFEPATH=1 by the program that launched this one, so that it is removed again before the
 #: user's code starts (its own children then see python's usual sys.path); a PYTHONSAFEPATH of the user's stays
 SAFE_PATH_MARK = "HVD_DDP_COMPARE_SAFE_PATH"
-#: Open MPI's list of variables mpirun sets on every rank, wherever it starts it
-MPI_ENV_LIST = "OMPI_MCA_mca_base_env_list"
 
 
 def safe_path_env(env: Dict[str, str]) -> Dict[str, str]:
     """The variables a launcher of a program that hosts user code adds to the job's environment `env`: PYTHONSAFEPATH
-    and its mark, also for ranks mpirun starts on other hosts (Open MPI's mca_base_env_list, its `-x` as a variable;
-    torchrun's hosts get them over ssh, horovodrun and srun pass the whole environment)."""
-    names = ["PYTHONSAFEPATH", SAFE_PATH_MARK]
-    listed = [item for item in env.get(MPI_ENV_LIST, "").split(";") if item]
-    return {"PYTHONSAFEPATH": "1", SAFE_PATH_MARK: "1",
-            MPI_ENV_LIST: ";".join(listed + [name for name in names if name not in listed])}
+    and its mark (torchrun's hosts get them over ssh; horovodrun passes every variable to its ranks with Open MPI's
+    `-x`, which Open MPI refuses beside a mca_base_env_list, so none is set here)."""
+    return {"PYTHONSAFEPATH": "1", SAFE_PATH_MARK: "1"}
 
 
 @dataclass(frozen=True)

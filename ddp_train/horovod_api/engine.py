@@ -30,6 +30,8 @@ from .messages import (ADD_SET, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCA
                        REMOVE_SET, Channel, Request, Response, read_responses, requests_message)
 
 Key = Tuple[int, int, str]
+#: with the cache on, the longest a cycle waits for a burst of requests to pause, in cycle times
+LONGEST_BURST = 20
 #: the agreement of one cycle: this rank's words in, every rank's AND out (None once `stop()` says to give up)
 Agree = Callable[[List[int], Callable[[], bool]], Optional[List[int]]]
 
@@ -78,6 +80,9 @@ class Engine:
         self.table: Dict[Key, Entry] = {}
         self.lock = threading.Lock()
         self.work = threading.Condition(self.lock)  # cycles: something to look up, agree on or run
+        self.waiting_threads = 0  # the script's threads waiting for a result (synchronize)
+        self.last_ask = 0.0  # when the script last asked for a collective the cycle looks up
+        self.idle = False  # the cycle thread waits for work (only then does a request wake it: no wake-up per tensor)
         self.cycling = cycling
         self.responses: "queue.Queue[Optional[Response]]" = queue.Queue()
         self.broken: Optional[str] = None
@@ -110,9 +115,11 @@ class Engine:
             else:
                 cycle = self.cycling.cycle
                 now = [e.request for e in entries if not cycle.ask(e.request)]
+                self.last_ask = time.monotonic()
                 if any(e.request.kind == JOIN for e in entries):
                     cycle.joined = True  # the other ranks' cached collectives go to rank 0, which adds its zeros
-                self.work.notify()
+                if self.idle:
+                    self.work.notify()
         if now:
             self._to_coordinator(now)
 
@@ -121,6 +128,15 @@ class Engine:
             self.channel.send(requests_message(requests))
         except OSError:
             self._break(f"{SHUT_DOWN} (rank 0, which coordinates the collectives, is gone)")
+
+    def awaited(self, change: int) -> None:
+        """A script thread starts (+1) or stops (-1) waiting for a result: with the cache on, the cycle that would
+        wait out HOROVOD_CYCLE_TIME for more requests runs at once."""
+        if self.cycling is None:
+            return
+        with self.lock:
+            self.waiting_threads += change
+            self.work.notify()
 
     def trouble(self) -> Optional[str]:
         """Why what waits can no longer complete: the engine broke, or the coordinator went silent."""
@@ -223,11 +239,23 @@ class Engine:
         while True:
             with self.lock:
                 while self.broken is None and not cycle.has_work():
+                    self.idle = True
                     self.work.wait()
+                self.idle = False
                 if self.broken is not None:
                     return
-            # Horovod's cycle: what the script asks for within HOROVOD_CYCLE_TIME is agreed on together
-            time.sleep(max(0.0, started + cycling.cycle_time_s - time.monotonic()))
+            # What the script asks for in one burst (a backward pass) is agreed on together: the cycle runs once the
+            # script waits for a result (nothing more comes before it has it), once it has asked for nothing for
+            # HOROVOD_CYCLE_TIME (a pause in the burst: the allreduces overlap the compute that follows), or at
+            # the latest after LONGEST_BURST cycle times; rank 0's responses run at once.
+            with self.lock:
+                latest = time.monotonic() + LONGEST_BURST * cycling.cycle_time_s
+                while self.broken is None and not self.waiting_threads and not cycle.held():
+                    now = time.monotonic()
+                    left = min(self.last_ask + cycling.cycle_time_s, latest) - now
+                    if left <= 0:
+                        break
+                    self.work.wait(left)
             started = time.monotonic()
             with self.lock:
                 words = cycle.vector(started)

@@ -129,11 +129,16 @@ def synchronize(handle: int) -> Any:
     found = state.handles.get(handle)
     if found is None:
         return None
+    world = state.world
+    assert world is not None
+    waits = not found.done()
+    if waits:
+        world.engine.awaited(1)  # nothing more comes from this thread until it has its result: agree now
     try:
-        world = state.world
-        assert world is not None
         return found.wait(world.engine.trouble)
     finally:
+        if waits:
+            world.engine.awaited(-1)
         state.handles.pop(handle)
 
 

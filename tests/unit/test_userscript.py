@@ -55,9 +55,9 @@ def test_what_cannot_run_is_said_in_one_line(tmp_path: Path):
 
 
 def test_the_safe_path_variables_reach_every_rank_and_leave_before_the_script(monkeypatch):
-    env = userscript.safe_path_env({"OMPI_MCA_mca_base_env_list": "FOO=1"})
-    assert env["PYTHONSAFEPATH"] == "1" and env[userscript.SAFE_PATH_MARK] == "1"
-    assert env["OMPI_MCA_mca_base_env_list"] == f"FOO=1;PYTHONSAFEPATH;{userscript.SAFE_PATH_MARK}"
+    env = userscript.safe_path_env({})
+    # Only the two: Open MPI refuses a mca_base_env_list beside the -x that horovodrun passes every variable with
+    assert env == {"PYTHONSAFEPATH": "1", userscript.SAFE_PATH_MARK: "1"}
     monkeypatch.setenv("PYTHONSAFEPATH", "1")
     monkeypatch.setenv(userscript.SAFE_PATH_MARK, "1")
     userscript.forget_safe_path()
