@@ -249,7 +249,11 @@ def test_scripts_options_are_checked_before_anything_runs(folder, monkeypatch):
     for args, says in [(["--scripts", "train_ddp.py", "train_horovod.py"], "give the Horovod script first"),
                        (["--scripts", "train_horovod.py", "train_ddp.py", "--lr", "0.1"], "after --"),
                        (["--np", "2", "--", "--epochs", "1"], "they go with --scripts"),
-                       (["--scripts", "nowhere.py"], "cannot be read")]:
+                       (["--scripts", "nowhere.py"], "cannot be read"),
+                       (["--port", "nowhere.py"], "--port nowhere.py: no such file"),
+                       (["--port", "train_horovod.py", "--epochs", "1"], "with --port your script's arguments go "
+                                                                         "after --")]:
         result = compare_in_process(*args, "--out", folder / "refused-compare")
         assert result.returncode == 2 and says in result.output, (args, result.output[-2000:])
         assert not (folder / "refused-compare" / "runs").exists()
+        assert not (folder / "refused-compare" / "port.json").exists()  # refused before the port was written

@@ -163,6 +163,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.port.isdigit():
             return fail(f"--port {args.port}: --port takes the Horovod script to port; the rendezvous port is "
                         "--rdzv-port")
+        if not Path(args.port).is_file():
+            return fail(f"--port {args.port}: no such file; give the Horovod script's path from this folder")
+        if train_args:  # refused before the port is written
+            return fail(f"options ({' '.join(train_args)}) before -- are not the comparison's; with --port your "
+                        "script's arguments go after --")
         try:
             if scripts.backend_of(Path(args.port)) != "horovod":
                 return fail(f"--port {args.port}: it does not import horovod; --port takes a Horovod script")
