@@ -153,14 +153,21 @@ def in_place_statement(ctx: Context, api: str, call: cst.Call) -> Optional[tuple
     return None
 
 
-def constant(ctx: Context, api: str) -> Optional[tuple[str, str]]:
-    """Horovod names used as values: hvd.SyncBatchNorm, the compression constants."""
+#: what torch's SyncBatchNorm does not do that Horovod's does
+SYNC_BATCH_NORM_CPU = ("torch.nn.SyncBatchNorm runs on CUDA only: on CPU the port stops at the first forward "
+                       "(\"SyncBatchNorm layers only work with GPU modules\"), where Horovod's layer trains; on CUDA "
+                       "it is the same layer. For CPU runs use torch.nn.BatchNorm (statistics per rank)")
+
+
+def constant(ctx: Context, api: str) -> Optional[tuple[str, str, Optional[str]]]:
+    """Horovod names used as values: hvd.SyncBatchNorm, the compression constants. (text, what it is, and how it
+    can train otherwise, or None)."""
     if api == "SyncBatchNorm":
         ctx.imports.add("torch")
-        return "torch.nn.SyncBatchNorm", "the same layer in torch (torch.nn.SyncBatchNorm)"
+        return "torch.nn.SyncBatchNorm", "the same layer in torch (torch.nn.SyncBatchNorm)", SYNC_BATCH_NORM_CPU
     if api == "Compression.none":
-        return "None", "no DDP communication hook"
+        return "None", "no DDP communication hook", None
     if api == "Compression.fp16":
         ctx.imports.add("default_hooks")
-        return f"{ctx.name('default_hooks')}.fp16_compress_hook", "DDP's float16 compression hook"
+        return f"{ctx.name('default_hooks')}.fp16_compress_hook", "DDP's float16 compression hook", None
     return None

@@ -308,8 +308,9 @@ class Porter(cst.CSTTransformer):
         found = expressions.constant(self.ctx, api)
         if found is None:
             return updated
-        text, does = found
-        self.ctx.change(self.line(original), f"hvd.{api}", f"{code(original)} -> {text}: {does}")
+        text, does, otherwise = found
+        self.ctx.change(self.line(original), f"hvd.{api}", f"{code(original)} -> {text}: {does}",
+                        changes_training=otherwise is not None, effect=otherwise)
         return cst.parse_expression(text, config=self.config)
 
     def _wrapped(self, attribute: cst.Attribute) -> Optional[Wrap]:

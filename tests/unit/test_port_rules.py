@@ -360,6 +360,12 @@ def test_join_barrier_shutdown_timeline_and_sync_batch_norm():
     assert code.endswith("layer = torch.nn.SyncBatchNorm(8)\ndist.barrier()\ndist.barrier()\n"
                          "dist.destroy_process_group()\n")
     assert "uneven inputs" in next(c for c in report.changes if c.rule == "hvd.join").text
+    # torch's SyncBatchNorm runs on CUDA only: the port says it can train otherwise (on CPU it stops)
+    sync = next(c for c in report.changes if c.rule == "hvd.SyncBatchNorm")
+    assert sync.changes_training and "CUDA only" in sync.effect and "BatchNorm" in sync.effect
+    # the compression constants train as Horovod's do
+    _, compressed = ported("compression = hvd.Compression.fp16\n")
+    assert not next(c for c in compressed.changes if c.rule == "hvd.Compression.fp16").changes_training
 
 
 def test_horovod_run_and_the_optimizer_s_synchronize_are_horovod_only():
