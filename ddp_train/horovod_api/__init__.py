@@ -10,9 +10,13 @@ The modules, each owning one thing:
     aliases         Horovod's module names in sys.modules, and the refusal of the others
     torch_api       the module a script gets as horovod.torch
     runtime         init / shutdown, ranks and hosts, the process groups, the coordinator and engine
-    coordinator     rank 0: which collectives every rank asked for, their order, fusion, errors, stalls
+    negotiation     rank 0's negotiation, without sockets or threads: which collectives every rank asked for, their
+                    order, fusion, joins, errors, stalls (requests in, responses out)
+    coordinator     the socket and thread shell around the negotiation, on rank 0
+    response_cache  Horovod's response cache: the collectives negotiated before, at bits, the same on every rank
+    cycle           each rank's side of the cache: look-ups, the bitwise-AND agreement's vector, what a cycle runs
     checks          Horovod's cross-rank checks and messages
-    engine          each rank: requests out, responses run in order
+    engine          each rank: requests out, responses (or the cycles that agree on them) run in order
     execute         the data of each collective on torch.distributed
     arithmetic      Horovod's scaling (pre/postscale, Average), reducescatter and alltoall splits
     messages        requests, responses and their framing on a socket

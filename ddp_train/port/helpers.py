@@ -73,6 +73,23 @@ def {name}(state, bucket):
     work = {dist}.all_reduce(bucket.buffer(), async_op=True)
     return work.get_future().then(lambda future: future.value()[0])
 ''', ("dist",)),
+    "keep_model_keys": Helper('''
+def {name}(wrapped):
+    """The DDP-wrapped model's state_dict() and load_state_dict() with the model's own keys (no {q}module.{q}), as
+    under Horovod, wherever the script calls them (a helper function, a method): its checkpoints load into the
+    model, and into the Horovod script's, and the Horovod script's load into it."""
+    def drop_prefix(module, state_dict, prefix, local_metadata):
+        for key in [key for key in state_dict if key.startswith(prefix + {q}module.{q})]:
+            state_dict[prefix + key[len(prefix) + len({q}module.{q}):]] = state_dict.pop(key)
+
+    def add_prefix(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        for key in [key for key in state_dict if key.startswith(prefix)
+                    and not key.startswith(prefix + {q}module.{q})]:
+            state_dict[prefix + {q}module.{q} + key[len(prefix):]] = state_dict.pop(key)
+
+    wrapped.register_state_dict_post_hook(drop_prefix)
+    wrapped.register_load_state_dict_pre_hook(add_prefix)
+''', ()),
     "step_on_zero_gradients": Helper('''
 def {name}(optimizer, keep_state=True):
     """What hvd.broadcast_optimizer_state did to a fresh optimizer: one step() with every gradient zero. It

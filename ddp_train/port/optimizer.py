@@ -127,12 +127,16 @@ def wrap_statements(ctx: Context, options: Dict[str, cst.BaseExpression], model:
     `# port:` comments for what of its options cannot be ported."""
     ddp = ctx.name("DDP")
     ctx.imports.add("DDP")
-    statements = [f"{model} = {ddp}({model}, forward_sync_buffers=False)"]
+    statements = [f"{model} = {ddp}({model}, forward_sync_buffers=False)", f"{ctx.helper('keep_model_keys')}({model})"]
     comments: List[str] = []
     ctx.change(line, "hvd.DistributedOptimizer",
                f"{statements[0]}: broadcasts rank 0's parameters and buffers, then averages the gradients in "
                "backward(); the optimizer stays torch's; after that each rank keeps its own buffers (BatchNorm "
                "statistics), as under Horovod")
+    ctx.change(line, "the model after the DDP wrap",
+               f"{statements[1]}: {model}.state_dict() and load_state_dict() keep the model's own keys (without "
+               "'module.') wherever they are called, in the script's helper functions too: checkpoints load both "
+               "ways between the port and the Horovod script")
     hooks: List[str] = []
     if "compression" in options:
         hook = _compression(ctx, options["compression"], model, line)

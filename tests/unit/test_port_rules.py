@@ -94,6 +94,7 @@ def test_distributed_optimizer_becomes_the_model_wrapped_in_ddp_and_the_broadcas
 
             # Horovod: wrap optimizer with DistributedOptimizer.
             model = DDP(model, forward_sync_buffers=False)
+            keep_model_keys(model)
             train(model, optimizer)
     """))
     assert "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n" \
@@ -110,7 +111,7 @@ def test_the_model_comes_from_the_optimizer_when_named_parameters_is_not_given()
         dist_opt = hvd.DistributedOptimizer(opt)
     """)
     assert code.endswith("opt = torch.optim.SGD(net.parameters(), lr=0.1)\ndist_opt = opt\n"
-                         "net = DDP(net, forward_sync_buffers=False)\n")
+                         "net = DDP(net, forward_sync_buffers=False)\nkeep_model_keys(net)\n")
 
 
 def test_an_optimizer_of_unknown_parameters_is_left_with_a_comment_and_listed():
@@ -134,6 +135,7 @@ def test_the_wrap_waits_for_a_later_broadcast_of_the_weights_rank_0_loaded():
             model.load_state_dict(torch.load(path)['model'])
             optimizer.load_state_dict(torch.load(path)['optimizer'])
         model = DDP(model, forward_sync_buffers=False)
+        keep_model_keys(model)
         optimizer.load_state_dict(broadcasted_object(optimizer.state_dict()))
         torch.save(model.module.state_dict(), 'last.pt')
     """))
@@ -166,7 +168,7 @@ def test_fp16_compression_becomes_ddps_hook_and_is_reported_as_rounding():
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression=hvd.Compression.fp16)
     """)
-    assert code.endswith("model = DDP(model, forward_sync_buffers=False)\n"
+    assert code.endswith("model = DDP(model, forward_sync_buffers=False)\nkeep_model_keys(model)\n"
                          "model.register_comm_hook(None, default_hooks.fp16_compress_hook)\n")
     assert "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n" in code
     change = next(c for c in report.changes if c.rule == "compression")
@@ -194,7 +196,8 @@ def test_op_sum_registers_a_summing_hook_and_adasum_is_refused_at_run_time_and_l
                                              gradient_predivide_factor=args.gradient_predivide_factor)
     """)
     assert code.endswith('if args.use_adasum:\n    raise SystemExit("DDP has no Adasum (op=hvd.Adasum): run without '
-                         'it; DDP averages the gradients")\nmodel = DDP(model, forward_sync_buffers=False)\n')
+                         'it; DDP averages the gradients")\nmodel = DDP(model, forward_sync_buffers=False)\n'
+                         'keep_model_keys(model)\n')
     assert report.exit_code == 1 and "Adasum" in report.unported[0].reason and "horovod" not in code
     assert "gradient_predivide_factor" in rules(report)
 
