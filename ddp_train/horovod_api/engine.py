@@ -251,17 +251,16 @@ class Engine:
             with self.lock:
                 latest = time.monotonic() + LONGEST_BURST * cycling.cycle_time_s
                 while self.broken is None and not self.waiting_threads and not cycle.held():
-                    now = time.monotonic()
-                    left = min(self.last_ask + cycling.cycle_time_s, latest) - now
+                    left = min(self.last_ask + cycling.cycle_time_s, latest) - time.monotonic()
                     if left <= 0:
                         break
                     self.work.wait(left)
             started = time.monotonic()
             with self.lock:
                 words = cycle.vector(started)
-                now = cycle.take_outgoing()
-            if now:
-                self._to_coordinator(now)
+                first = cycle.take_outgoing()
+            if first:
+                self._to_coordinator(first)
             try:
                 agreed = cycling.agree(words, lambda: self.broken is not None)
             except Exception as exc:  # a rank's process ended in the agreement: its connections closed

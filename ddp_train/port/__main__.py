@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, TextIO
 
+from common.errors import OneLineParser
+from common.errors import print_error as common_print_error
+
 from . import __doc__ as MANUAL
 from .context import Options
 from .report import BAD_INPUT, render
@@ -18,21 +21,13 @@ PROG = "python -m ddp_train.port"
 
 
 def print_error(prog: str, message: str) -> None:
-    """The project's one error line, `PROG: error: message` (common.errors prints it for ranks; the port is no
-    rank, and importing that module would cost the command a sixth of a second)."""
-    sys.stderr.write(f"{prog}: error: {message}\n")
-    sys.stderr.flush()
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print_error(PROG, f"{message}; see {PROG} --help")
-        sys.exit(BAD_INPUT)
+    """The project's one error line, `PROG: error: message` (the port is never a rank of a job)."""
+    common_print_error(prog, message, ranked=False)
 
 
 def parser() -> argparse.ArgumentParser:
-    """The port's options."""
-    p = _Parser(prog=PROG, description=MANUAL, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The port's options (one line for a bad one, exit 2, no abbreviations: the project's OneLineParser)."""
+    p = OneLineParser(prog=PROG, description=MANUAL, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("script", type=Path, help="the Horovod training script")
     p.add_argument("-o", "--output", help="where to write the port (- for stdout); default: beside the script, "
                    "'horovod' or 'hvd' in its name replaced by 'ddp'")

@@ -90,11 +90,14 @@ def test_bad_input_is_refused_in_one_line_with_exit_2(tmp_path, monkeypatch, cap
     _one_line(capsys, says)
 
 
-def test_a_bad_option_is_refused_in_one_line_with_exit_2(capsys):
+@pytest.mark.parametrize("args, says", [(["--zero-step", "maybe"], "argument --zero-step: invalid choice"),
+                                        (["--dif"], "unrecognized arguments: --dif"),  # no abbreviation of --diff
+                                        (["--zero", "keep"], "unrecognized arguments: --zero keep")])
+def test_a_bad_option_is_refused_in_one_line_with_exit_2(capsys, args, says):
     with pytest.raises(SystemExit) as refused:
-        main(["x.py", "--zero-step", "maybe"])
+        main(["x.py", *args])
     assert refused.value.code == 2
-    _one_line(capsys, "argument --zero-step: invalid choice")
+    _one_line(capsys, says)
 
 
 def _one_line(capsys, says: str) -> None:
