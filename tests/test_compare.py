@@ -163,7 +163,7 @@ def test_runs_differing_only_in_seed_are_beyond_the_noise_floor_from_the_start(r
     assert (pair["a"], pair["b"], pair["kind"]) == ("ddp[seed=42]@1#1", "ddp[seed=2]@1#1", "settings")
     # They start from other weights: apart at step 0, before the first update.
     assert pair["first_differing_step"] == 1 and pair["trains_differently_from"] == 0
-    assert pair["verdict"].startswith("beyond the noise floor: trains differently from step 0"), pair["verdict"]
+    assert pair["verdict"].startswith("beyond the noise floor: trains differently from the start"), pair["verdict"]
     assert pair["max_abs_weight_diff"] == pytest.approx(max_abs_diff(read_run(seed1)["model"],
                                                                      read_run(seed2)["model"]))
 

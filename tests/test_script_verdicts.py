@@ -3,7 +3,7 @@
 - scripts that seed nothing are never called within, equal or identical at 3 ranks (where rounding alone parts two
   runs, so a floor is measured): the comparison says the script does not reproduce itself, how it knows and how to fix
   it, and exits 3;
-- two seeded scripts with different seeds train differently from step 0, the initial weights named, from a folder
+- two seeded scripts with different seeds train differently from the start, the initial weights named, from a folder
   with its own `common/` package that both import;
 - Horovod's fp16 compression with two backward passes per step against a DDP port that compresses every backward
   pass (fp16_compress_hook) is not beyond the floor at 3 ranks, whose disturbed runs round at float16; the same pair
@@ -125,7 +125,7 @@ def test_scripts_seeded_apart_train_differently_from_step_0(other_seed):
     (pair,) = [p for p in other_seed["parity"] if p["kind"] == "backends"]
     assert pair["within_noise_floor"] is False and pair["trains_differently_from"] == 0, pair["verdict"]
     assert pair["start_gap"] > 1e-3
-    assert pair["verdict"].startswith("trains differently from step 0 (the initial weights")
+    assert pair["verdict"].startswith("trains differently from the start (the initial weights")
     assert pair["cause"]["quantity"] == "initial weights" and "start from different weights" in pair["cause"]["text"]
 
 

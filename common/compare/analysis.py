@@ -174,8 +174,8 @@ def _verdict(p: ParityResult, tolerance: float, tensor: Optional[str], floor: Op
                 f"{_reached(d)}"] if d and not p.start_gap else []
         why += [text for text in (lr_text, setting_text) if text]
         judged = "beyond the noise floor: trains" if p.noise_floor is not None else "trains"
-        return (f"{judged} differently from step {p.trains_differently_from} "
-                f"({'; '.join(why)}){_outcome_text(p.outcome)}")
+        start = "from the start" if p.trains_differently_from == 0 else f"from step {p.trains_differently_from}"
+        return f"{judged} differently {start} ({'; '.join(why)}){_outcome_text(p.outcome)}"
     if p.max_abs_weight_diff <= tolerance:
         return f"equal within {p.max_abs_weight_diff:.1e}"
     if p.within_noise_floor is True:

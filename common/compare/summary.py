@@ -38,8 +38,12 @@ class Cell:
 
     @property
     def text(self) -> str:
+        """The word and reason, cut at a word to fit the cell (the verdict in full is one click away)."""
         text = f"{self.word}: {self.reason}"
-        return text if len(text) <= CELL_LIMIT else text[:CELL_LIMIT - 1] + "…"
+        if len(text) <= CELL_LIMIT:
+            return text
+        cut = text[:CELL_LIMIT - 1]
+        return (cut.rsplit(" ", 1)[0] if " " in cut else cut).rstrip(" ,;:(") + "…"
 
     @property
     def kind(self) -> str:
@@ -89,6 +93,11 @@ def _why_apart(pair: ParityResult) -> str:
     return "trains differently"
 
 
+def from_step(step: Optional[int]) -> str:
+    """"from step 12", or "from the start" where the two differ before the first step (their initial weights)."""
+    return "from the start" if step == 0 else f"from step {step}"
+
+
 def cell(pair: ParityResult) -> Cell:
     """A pair's summary cell (common.compare.analysis.parity's verdict, in short)."""
     if pair.cannot_judge:
@@ -98,7 +107,7 @@ def cell(pair: ParityResult) -> Cell:
         return Cell(SAME, "bitwise identical", pair.verdict)
     if pair.within_noise_floor is False or (pair.within_noise_floor is None and pair.trains_differently_from
                                             is not None):
-        return Cell(f"{DIFFERS} from step {pair.trains_differently_from}", _why_apart(pair), pair.verdict)
+        return Cell(f"{DIFFERS} {from_step(pair.trains_differently_from)}", _why_apart(pair), pair.verdict)
     if pair.verdict.startswith("equal within"):
         return Cell(SAME, pair.verdict, pair.verdict)
     if pair.within_noise_floor is True:

@@ -24,7 +24,7 @@ def test_a_cell_is_a_word_and_a_short_reason():
     assert summary.cell(lr).text == "differs from step 12: learning rate x2 (0.05 vs 0.1)"
     caused = pair(within_noise_floor=False, trains_differently_from=0, start_gap=0.3,
                   cause=Cause(None, "initial weights", "the two scripts start from different weights", "g"))
-    assert summary.cell(caused).text == "differs from step 0: the two scripts start from different weights"
+    assert summary.cell(caused).text == "differs from the start: the two scripts start from different weights"
     cannot = pair(cannot_judge="cannot judge: train.py does not reproduce itself: evidence; fix: seed torch")
     assert summary.cell(cannot).text == "cannot judge: train.py does not reproduce itself"
     unknown = pair(gap=0.01, verdict="differs: parameters by 0.01 ...; noise floor unknown (--noise-floor off)")
@@ -32,6 +32,12 @@ def test_a_cell_is_a_word_and_a_short_reason():
     long = pair(within_noise_floor=False, trains_differently_from=2,
                 cause=Cause(2, "gradients", "x" * 300, "g"))
     assert len(summary.cell(long).text) <= summary.CELL_LIMIT
+    # a long reason is cut at a word, never in the middle of one
+    words = pair(within_noise_floor=False, trains_differently_from=1,
+                 cause=Cause(1, "weights", "the port's rewrite at line 42 " * 12, "w"))
+    text = summary.cell(words).text
+    assert len(text) <= summary.CELL_LIMIT and text.endswith("…")
+    assert text[:-1].split()[-1] in ("the", "port's", "rewrite", "at", "line", "42"), text
 
 
 def test_the_table_has_a_row_per_world_size_and_a_column_per_pair():
