@@ -9,7 +9,7 @@ import json
 import pytest
 
 from browser import FIRST_SCREEN, open_page
-from common.compare import summary
+from common.compare.summary import from_step
 from common.rundir.names import SUMMARY_FILE
 
 pytestmark = pytest.mark.timeout(900)
@@ -60,7 +60,7 @@ def test_each_summary_cell_is_short_and_agrees_with_summary_json(demo_page):
             if pair["bitwise_identical"] or pair["within_noise_floor"] is True:
                 assert cell["kind"] == "same", (cell, pair["verdict"])
             elif pair["within_noise_floor"] is False:
-                assert cell["word"] == f"differs {summary.from_step(pair['trains_differently_from'])}"
+                assert cell["word"] == f"differs {from_step(pair['trains_differently_from'])}"
             elif pair["cannot_judge"]:
                 assert cell["kind"] == "cannot judge"
     # report.md opens with the same summary, in the same order as the page
