@@ -305,8 +305,9 @@ def _failed(c: Comparison) -> Section:
 def _accuracy(c: Comparison) -> Section:
     return Section("Accuracy", [Table(
         ["run", "steps", "epochs", "train loss", "val loss", "val top-1", "val top-5", "wall s"],
-        [[a["run"], str(a["steps"]), "–" if a["epochs"] is None else str(a["epochs"]), _fmt(a["train_loss"]), _fmt(a["val_loss"]),
-          _fmt(a["val_top1"]), _fmt(a["val_top5"]), _fmt(a["wall_s"], ".1f")] for a in c.accuracy])], folded=True)
+        [[a["run"], str(a["steps"]), "–" if a["epochs"] is None else str(a["epochs"]), _fmt(a["train_loss"]),
+          _fmt(a["val_loss"]), _fmt(a["val_top1"]), _fmt(a["val_top5"]), _fmt(a["wall_s"], ".1f")]
+         for a in c.accuracy])], folded=True)
 
 
 def _reproduce(c: Comparison) -> Section:
