@@ -308,13 +308,17 @@ def examples(checkout: Path, sizes: Sequence[int], work: Path, timeout_s: float)
 
 
 def revision(checkout: Path) -> str | None:
-    """The checkout's commit, None where git cannot tell."""
+    """The checkout's commit, None where git cannot tell (a folder that is not a git checkout of its own: git would
+    answer with the repository around it)."""
     try:
-        done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=20)
+        done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--show-toplevel", "HEAD"],
+                              capture_output=True, text=True, timeout=20)
     except OSError:
         return None
-    return done.stdout.strip() or None
+    lines = done.stdout.split()
+    if done.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != checkout.resolve():
+        return None
+    return lines[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -158,6 +158,9 @@ full_steps() {
   horovod_step -m benchmarks.horovod_api --script "$HOROVOD_SRC/examples/pytorch/pytorch_synthetic_benchmark.py" \
       --repeats 3 --out "$OUT"
   horovod_step -m benchmarks.horovod_suite --horovod "$HOROVOD_SRC" --np 2,3 --out "$OUT"
+  # A Horovod script of many small gradient tensors: the API (cache on and off), its DDP port, Horovod/Gloo.
+  step -m benchmarks.horovod_api --script small-tensors --np 2 --backends api,api-cache-off,port,horovod-gloo \
+      --repeats 3 --out "$OUT/small-tensors"
 }
 
 # The result a step writes, relative to OUT: its --out folder and its module's file name.

@@ -302,7 +302,9 @@ def horovod_api(result: Result) -> str:
     """Horovod's synthetic benchmark script on the project's Horovod API and on real Horovod: img/s per backend."""
     rows = [[name(label), f"{b['median']:.2f}", percent(b["spread"]), " ".join(f"{v:.2f}" for v in b["img_s"]),
              number(result["ratios"].get(f"api/{label}"), ".3f")] for label, b in result["backends"].items()]
-    return (f"{square(result['model'], result['image_size'])}, batch {result['batch_size']}, {result['np']} ranks, "
+    model = (square(result["model"], result["image_size"]) if result["image_size"] else
+             "80 Linear(16, 16) layers (160 small gradient tensors)")
+    return (f"{model}, batch {result['batch_size']}, {result['np']} ranks, "
             f"{result['threads_per_rank']} thread per rank, {result['repeats']} repeats:\n\n"
             + table(["backend", "img/s (median)", "spread (max/min − 1)", "each repeat", "the API's median / this"],
                     rows))
