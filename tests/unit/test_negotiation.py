@@ -288,3 +288,14 @@ def test_the_agreement_vector_is_small_and_the_same_length_on_every_rank():
 def test_responses_held_count_as_the_fewest_any_rank_holds(held):
     words = cycles.pack(False, held, [], [], bits=0)
     assert cycles.unpack(words, 0).responses == min(held, cycles.RESPONSES_PER_CYCLE)
+
+
+def test_the_benchmark_simulates_every_rank_and_times_rank_0_alone():
+    from benchmarks import negotiation as bench
+
+    off, on = bench.simulate(8, 16, 3, latency_s=1e-5)
+    assert off["cache"] == "off" and off["requests_to_rank0"] == 8 * 16
+    # with the cache a steady step sends rank 0 nothing; the agreement is log2(8) rounds of a 4-word vector
+    assert on["cache"] == "on" and on["requests_to_rank0"] == 0
+    assert on["rounds"] == 3 and on["bytes_per_rank"] == 3 * 8 * (cycles.HEADER_WORDS + 2)
+    assert 0 < on["rank0_cpu_ms"] < off["rank0_cpu_ms"]
