@@ -83,7 +83,8 @@ def analyse(runs: List[Run], failures: List[Dict[str, Any]], tolerance: float, n
         runs, failures, pairs, floors, irreproducible, explain.explanations(pairs, runs),
         explain.world_size_verdicts(runs), throughput, analysis.speed_verdicts(runs, throughput), scaling, split,
         analysis.accuracy_table(runs),
-        summary.build(pairs, runs, throughput, scaling, compute[len(compute) // 2] if compute else None, notes),
+        summary.build(pairs, runs, throughput, scaling, compute[len(compute) // 2] if compute else None, notes,
+                      [str(f.get("name", "?")) for f in failures]),
         tolerance, margin, list(notes), bench)
 
 

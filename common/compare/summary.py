@@ -189,11 +189,12 @@ def scaling_line(scaling: Dict[str, Dict[int, float]], caveats: List[str]) -> st
             + "".join(f" {c[0].upper()}{c[1:]}." for c in caveats))
 
 
-def runs_line(runs: Sequence[Run]) -> str:
+def runs_line(runs: Sequence[Run], failed: Sequence[str] = ()) -> str:
     """What the runs were: the model, data, steps, batch, optimizer (or the scripts), ranks x threads per host on
-    how many cores."""
+    how many cores, how many ran, and which failed (named: they are in no pair)."""
+    failed_text = f"; {len(failed)} failed: {', '.join(failed)}" if failed else ""
     if not runs:
-        return "No run to describe."
+        return "No run to describe" + (f": {len(failed)} failed: {', '.join(failed)}." if failed else ".")
     first = runs[0]
     settings = first.settings
     script = (first.config.get("script") or {}).get("path")
@@ -210,13 +211,15 @@ def runs_line(runs: Sequence[Run]) -> str:
     threads = (f", up to {busiest['ranks']} ranks x {busiest['threads']} thread"
                f"{'s' if busiest['threads'] > 1 else ''} per host on {busiest['cores']} cores") if busiest else ""
     return (f"Runs: {what}; {steps_text} steps; world sizes {', '.join(map(str, worlds))} on {where}{threads}; "
-            f"{len(runs)} runs.")
+            f"{len(runs)} runs{failed_text}.")
 
 
 def build(pairs: Sequence[ParityResult], runs: Sequence[Run], throughput: Dict[str, Dict[str, Any]],
-          scaling: Dict[str, Dict[int, float]], compute_ms: Optional[float], notes: Sequence[str] = ()) -> Summary:
-    """The summary of a comparison (`compute_ms`: the median step's compute of the compared runs)."""
+          scaling: Dict[str, Dict[int, float]], compute_ms: Optional[float], notes: Sequence[str] = (),
+          failed: Sequence[str] = ()) -> Summary:
+    """The summary of a comparison (`compute_ms`: the median step's compute of the compared runs; `failed`: the
+    names of the runs that failed)."""
     columns, rows = table(pairs)
     caveats = limits(runs, compute_ms)
-    return Summary(columns, rows, speed_line(throughput, caveats), scaling_line(scaling, caveats), runs_line(runs),
-                   list(notes))
+    return Summary(columns, rows, speed_line(throughput, caveats), scaling_line(scaling, caveats),
+                   runs_line(runs, failed), list(notes))

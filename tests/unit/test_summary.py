@@ -76,3 +76,13 @@ def test_one_document_renders_as_markdown_and_as_one_html_page(tmp_path: Path):
     # the benchmark section comes as markdown: read back into sections
     (back,) = from_markdown(["## Benchmarks", "", "| a | b |", "|---|---|", "| 1 | 2 |", "![fig](f.png)"])
     assert back.title == "Benchmarks" and isinstance(back.blocks[0], Table) and back.blocks[0].rows == [["1", "2"]]
+
+
+def test_the_runs_line_counts_and_names_the_runs_that_failed():
+    from .made_up import made_run
+
+    runs = [made_run("ddp", 2), made_run("horovod", 2, controller="gloo")]
+    line = summary.runs_line(runs, ["horovod-mpi@2#1", "horovod-mpi@3#1"])
+    assert line.endswith("; 2 runs; 2 failed: horovod-mpi@2#1, horovod-mpi@3#1."), line
+    assert summary.runs_line(runs).endswith("; 2 runs."), summary.runs_line(runs)
+    assert summary.runs_line([], ["ddp@2#1"]) == "No run to describe: 1 failed: ddp@2#1."
