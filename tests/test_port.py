@@ -236,7 +236,12 @@ def test_the_dropped_zero_step_parts_the_port_where_and_why_the_report_says(fold
     assert pair["first_differing_step"] == 2, pair
     assert pair["cause"]["quantity"] == zero.cause and pair["cause"]["step"] == 1, pair["cause"]
     assert "broadcast_optimizer_state" in pair["cause"]["text"], pair["cause"]
-    assert pair["explained_by"] == f"the port's rewrite at line {zero.line} (hvd.broadcast_optimizer_state)"
+    # the verdict names the rewrite and what makes the port train the same; the cell is an announced difference
+    assert pair["explained_by"].startswith(f"the port's rewrite at line {zero.line} (hvd.broadcast_optimizer_state); "
+                                           "to train the same, port with --zero-step keep"), pair["explained_by"]
     assert pair["explained_by"] in pair["verdict"]
+    (row,) = json.loads((out / SUMMARY_FILE).read_text())["summary"]["rows"]
+    assert [cell["kind"] for column, cell in row["cells"].items()
+            if "ddp" in column and "horovod-gloo" in column] == ["announced"], row
     report = (out / "report.md").read_text()
     assert "## The port" in report and f"| {zero.line} | hvd.broadcast_optimizer_state |" in report

@@ -75,6 +75,9 @@ def build_compare_parser() -> argparse.ArgumentParser:
                    help="port this Horovod script to DDP (python -m ddp_train.port; the port is written beside it as "
                         "NAME_ported.py) and compare the two as --scripts does, with the port's report beside the "
                         "verdicts; the scripts' own arguments go after --")
+    p.add_argument("--zero-step", choices=("drop", "keep"), default="drop",
+                   help="with --port: hvd.broadcast_optimizer_state's step on a fresh optimizer, dropped (DDP's idiom; "
+                        "the verdicts name what that changes) or kept, so that the port trains as the script does")
     p.add_argument("--horovod-api", action="store_true",
                    help="with --scripts TRAIN_HOROVOD.py: run the Horovod script under horovodrun (Horovod itself) and "
                         "under torchrun on this project's Horovod API (python -m ddp_train.horovod_api), and compare")
@@ -171,7 +174,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             if scripts.backend_of(Path(args.port)) != "horovod":
                 return fail(f"--port {args.port}: it does not import horovod; --port takes a Horovod script")
-            ported = port.port(Path(args.port), args.out / "port.json")
+            ported = port.port(Path(args.port), args.out / "port.json", zero_step=args.zero_step)
         except ValueError as exc:
             return fail(str(exc))
         print(f"{PROG}: ported {args.port} to {ported.output} ({len(ported.rewrites)} rewrites"

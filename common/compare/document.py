@@ -175,7 +175,7 @@ th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical
 thead th { background: #f6f8fa; }
 table.summary td, table.summary th { font-size: 14px; }
 td.same { background: #e6f4ea; } td.differs { background: #fde7e4; } td.apart { background: #fff4d6; }
-td.cannot-judge { background: #ececec; }
+td.cannot-judge { background: #ececec; } td.announced { background: #e8f0fe; }
 p.line { margin: 4px 0; }
 figure { margin: 8px 0; } figure img { max-width: 100%; } figcaption { font-size: 12px; color: #57606a; }
 details { margin: 6px 0; } details > summary { cursor: pointer; font-weight: 600; font-size: 15px; }

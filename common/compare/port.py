@@ -54,12 +54,13 @@ def ported_name(script: Path) -> Path:
     return script.with_name(f"{script.stem}_ported{script.suffix}")
 
 
-def port(script: Path, report_json: Path, python: str = sys.executable) -> Ported:
-    """Port `script` (ValueError with the porter's own line when it refuses the script)."""
+def port(script: Path, report_json: Path, python: str = sys.executable, zero_step: str = "drop") -> Ported:
+    """Port `script` (`zero_step` as the porter's --zero-step; ValueError with the porter's own line when it refuses
+    the script)."""
     output = ported_name(script)
     report_json.parent.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([python, "-m", PORTER, str(script), "-o", str(output), "--report-json", str(report_json)],
-                          capture_output=True, text=True)
+    done = subprocess.run([python, "-m", PORTER, str(script), "-o", str(output), "--report-json", str(report_json),
+                           "--zero-step", zero_step], capture_output=True, text=True)
     if done.returncode not in (0, 1) or not report_json.is_file():
         lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
         raise ValueError(lines[-1] if lines else f"the port of {script} failed (exit code {done.returncode})")
@@ -77,13 +78,24 @@ def explaining(ported: Ported, pair: ParityResult) -> Optional[Rewrite]:
     return next((r for r in ported.rewrites if r.changes_training and r.cause == pair.cause.quantity), None)
 
 
+#: what makes the port train as the script does, for the rewrites that have a way back: (in short, in full)
+REMEDIES = {"hvd.broadcast_optimizer_state": (
+    "port with --zero-step keep",
+    "python -m ddp_train.port SCRIPT --zero-step keep (or compare-backends --port SCRIPT --zero-step keep) makes "
+    "the port take Horovod's zero step too")}
+
+
 def link(ported: Ported, pairs: List[ParityResult]) -> None:
-    """Each pair that parts because of a rewrite says which, in its verdict."""
+    """Each pair that parts because of a rewrite says which, in its verdict, and what makes the port train the
+    same where something does."""
     for pair in pairs:
         rewrite = explaining(ported, pair)
         if rewrite is not None:
-            pair.explained_by = f"the port's rewrite at line {rewrite.line} ({rewrite.rule})"
-            pair.verdict += f"; {pair.explained_by} explains it: {rewrite.effect or rewrite.text}"
+            remedy = REMEDIES.get(rewrite.rule) if ported.zero_step != "kept" else None
+            pair.explained_by = f"the port's rewrite at line {rewrite.line} ({rewrite.rule})" + (
+                f"; to train the same, {remedy[0]}" if remedy else "")
+            pair.verdict += f"; {pair.explained_by} explains it: {rewrite.effect or rewrite.text}" + (
+                f"; {remedy[1]}" if remedy else "")
 
 
 def section(ported: Ported) -> Section:

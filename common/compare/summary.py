@@ -25,6 +25,8 @@ CELL_LIMIT = 200
 SHORT_STEP_MS = 20.0
 #: what a cell's word says
 SAME, DIFFERS, APART, CANNOT_JUDGE = "same", "differs", "apart", "cannot judge"
+#: a difference the port announced (one of its rewrites explains it): not a failure of the port
+ANNOUNCED = "announced"
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class Cell:
     reason: str
     #: the pair's verdict in full (the report's verdicts), which the cell stands for
     verdict: str = ""
+    #: the difference is one the port announced in its report
+    announced: bool = False
 
     @property
     def text(self) -> str:
@@ -47,7 +51,9 @@ class Cell:
 
     @property
     def kind(self) -> str:
-        """same, differs, apart or cannot judge (the word without its step)."""
+        """same, differs, announced, apart or cannot judge (the word without its step)."""
+        if self.announced:
+            return ANNOUNCED
         return DIFFERS if self.word.startswith(DIFFERS) else self.word
 
 
@@ -79,8 +85,7 @@ def _why_apart(pair: ParityResult) -> str:
     """The shortest true reason a pair trains differently: the cause a script comparison found, a setting that
     differs, the initial weights, or how far beyond rounding the gap went."""
     if pair.cause is not None:
-        text = pair.cause.text.split(":")[0] if len(pair.cause.text) > 120 else pair.cause.text
-        return text + (f" ({pair.explained_by})" if pair.explained_by else "")
+        return pair.cause.text.split(":")[0] if len(pair.cause.text) > 120 else pair.cause.text
     if pair.start_gap:
         return f"initial weights {pair.start_gap:.1e} apart"
     lr, setting = pair.lr_difference, pair.setting_difference
@@ -105,6 +110,10 @@ def cell(pair: ParityResult) -> Cell:
         return Cell(CANNOT_JUDGE, reason, pair.verdict)
     if pair.bitwise_identical:
         return Cell(SAME, "bitwise identical", pair.verdict)
+    if pair.explained_by and pair.within_noise_floor is not True:  # the port said so, and how to avoid it
+        step = pair.trains_differently_from if pair.trains_differently_from is not None else \
+            pair.first_differing_step
+        return Cell(f"{DIFFERS} {from_step(step)}", pair.explained_by, pair.verdict, announced=True)
     if pair.within_noise_floor is False or (pair.within_noise_floor is None and pair.trains_differently_from
                                             is not None):
         return Cell(f"{DIFFERS} {from_step(pair.trains_differently_from)}", _why_apart(pair), pair.verdict)

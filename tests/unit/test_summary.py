@@ -86,3 +86,15 @@ def test_the_runs_line_counts_and_names_the_runs_that_failed():
     assert line.endswith("; 2 runs; 2 failed: horovod-mpi@2#1, horovod-mpi@3#1."), line
     assert summary.runs_line(runs).endswith("; 2 runs."), summary.runs_line(runs)
     assert summary.runs_line([], ["ddp@2#1"]) == "No run to describe: 1 failed: ddp@2#1."
+
+
+def test_a_difference_the_port_announced_is_its_own_kind_of_cell():
+    announced = pair(within_noise_floor=False, trains_differently_from=1,
+                     cause=Cause(1, "weights", "broadcast_optimizer_state's zero step", "w"),
+                     explained_by="the port's rewrite at line 8 (hvd.broadcast_optimizer_state); to train the same, "
+                                  "port with --zero-step keep")
+    cell = summary.cell(announced)
+    assert cell.kind == summary.ANNOUNCED and cell.word == "differs from step 1"
+    assert "--zero-step keep" in cell.reason
+    plain = pair(within_noise_floor=False, trains_differently_from=1, cause=Cause(1, "weights", "lr", "w"))
+    assert summary.cell(plain).kind == summary.DIFFERS
