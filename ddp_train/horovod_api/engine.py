@@ -32,6 +32,8 @@ from .messages import (ADD_SET, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCA
 Key = Tuple[int, int, str]
 #: with the cache on, the longest a cycle waits for a burst of requests to pause, in cycle times
 LONGEST_BURST = 20
+#: a collective that failed on a lost peer waits this long for rank 0's word naming the rank that was lost
+NOTICE_WAIT_S = 2.0
 #: the agreement of one cycle: this rank's words in, every rank's AND out (None once `stop()` says to give up)
 Agree = Callable[[List[int], Callable[[], bool]], Optional[List[int]]]
 
@@ -264,7 +266,7 @@ class Engine:
             try:
                 agreed = cycling.agree(words, lambda: self.broken is not None)
             except Exception as exc:  # a rank's process ended in the agreement: its connections closed
-                self._break(f"{SHUT_DOWN} ({type(exc).__name__}: {exc})")
+                self._lost_in_collective(exc)
                 return
             if agreed is None:
                 return
@@ -281,7 +283,7 @@ class Engine:
                         cycle.ran(response, {name: (e.request if e is not None else None)
                                              for name, e in zip(response.names, entries, strict=True)})
             except Exception as exc:  # a collective of torch.distributed failed: its groups are unusable now
-                self._break(f"{SHUT_DOWN} ({type(exc).__name__}: {exc})")
+                self._lost_in_collective(exc)
                 return
             with self.lock:
                 later = cycle.take_outgoing()
@@ -290,6 +292,16 @@ class Engine:
             if not ran:  # nothing every rank asked for yet: wait a cycle, or for this rank's next request
                 with self.lock:
                     self.work.wait(cycling.cycle_time_s)
+
+    def _lost_in_collective(self, exc: Exception) -> None:
+        """A collective failed, most often on a peer whose process ended (Gloo: "Connection reset by peer"): rank 0's
+        word that a rank is gone names it, and usually comes within moments; wait for it before failing with the
+        collective's own error."""
+        deadline = time.monotonic() + NOTICE_WAIT_S
+        with self.lock:
+            while self.broken is None and time.monotonic() < deadline:
+                self.work.wait(deadline - time.monotonic())
+        self._break(f"{SHUT_DOWN} ({type(exc).__name__}: {exc})")
 
     # --- running a response ----------------------------------------------------------------------------------
     def _take(self, response: Response) -> List[Optional[Entry]]:
