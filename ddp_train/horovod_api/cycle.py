@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .messages import ALLREDUCE, JOIN, Request, Response
 from .negotiation import fuse_measured, fusion_bytes, fusion_key
-from .response_cache import CACHED_KINDS, ResponseCache, signature, split
+from .response_cache import CACHED_KINDS, ResponseCache, cacheable, signature, split
 
 WORD = 64
 ALL_ONES = (1 << WORD) - 1
@@ -131,8 +131,8 @@ class RankCycle:
     # --- between cycles ----------------------------------------------------------------------------------------
     def ask(self, request: Request) -> bool:
         """A request of this rank: True if the cycle decides where it goes, False if it goes to rank 0 now."""
-        if self.cache.capacity <= 0 or request.ps != 0 or request.kind not in CACHED_KINDS or request.group:
-            return False  # as cacheable(request), inline: once per tensor per step
+        if self.cache.capacity <= 0 or not cacheable(request):
+            return False
         self.incoming.append(request)
         return True
 

@@ -68,7 +68,6 @@ class ResponseCache:
         self.free_bits: List[int] = []
         self.bits = 0  # bit positions handed out so far: the length of the agreement's vectors
         self.version = 0  # changes whenever an entry is added, replaced or erased
-        self.evicted_warning = False
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -85,10 +84,6 @@ class ResponseCache:
         entry = self.by_bit[bit]
         self.entries.move_to_end(entry.key)
         return entry
-
-    def key_at(self, bit: int) -> Optional[Key]:
-        entry = self.by_bit.get(bit)
-        return entry.key if entry is not None else None
 
     def erase(self, bit: int) -> Optional[Key]:
         """Forget the entry at `bit` (invalidated by some rank); its key."""
@@ -118,7 +113,6 @@ class ResponseCache:
         if len(self.entries) >= self.capacity:
             oldest = next(iter(self.entries.values()))
             evicted = self.erase(oldest.bit)
-            self.evicted_warning = True
         if self.free_bits:
             bit = self.free_bits.pop(0)
         else:
