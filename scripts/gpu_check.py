@@ -228,8 +228,8 @@ class Check:
         except subprocess.TimeoutExpired:
             self.stop(process)
             code = None
-        finally:
-            self.children.remove(process)
+        # Not on an interrupt (SIGINT, SIGTERM): then it is still running, and main() stops it with the others.
+        self.children.remove(process)
         with open(log, "rb") as f:
             f.seek(offset)
             output = f.read().decode(errors="replace")
