@@ -31,4 +31,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${GPU_CHECK_PYTHON:-python3}"
 command -v "$PY" >/dev/null || { echo "gpu_check: error: no $PY on PATH; set GPU_CHECK_PYTHON" >&2; exit 2; }
-exec "$PY" scripts/gpu_check.py "$@"
+exec "$PY" scripts/gpu_check "$@"

@@ -1,0 +1,149 @@
+"""The GPU check's runner (scripts/gpu_check/runner.py) on its step list and on steps that launch nothing: the order
+the steps run in, the Horovod build started after ddp and waited for before compare, the time boxes, the skip
+reasons and the lines printed. tests/test_gpu_check.py runs the real steps."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from scripts.gpu_check.clock import Clock
+from scripts.gpu_check.context import Context
+from scripts.gpu_check.record import Skipped, StepFailed
+from scripts.gpu_check.report import write
+from scripts.gpu_check.runner import Move, Runner, background_box, plan, time_box
+from scripts.gpu_check.settings import Settings
+from scripts.gpu_check.spec import STEPS, PerDevice, StepSpec, check_specs, names
+from scripts.gpu_check.steps import ACTIONS
+from scripts.gpu_check.steps.base import BackgroundStep, Launch, Step
+
+#: the record's order, as docs/gpu-check.md's table and tests/test_gpu_check.py have it
+ORDER = ["install", "ddp", "amp_fp16", "amp_bf16", "channels_last", "exact", "horovod_api", "horovod_build",
+         "compare"]
+SPEC = {spec.name: spec for spec in STEPS}
+
+
+def test_the_list_orders_the_record_and_the_runs():
+    check_specs(STEPS)
+    assert names() == ORDER and set(ACTIONS) == set(ORDER)
+    assert [(spec.name, spec.issue_step) for spec in STEPS if spec.issue_step == 2] == [
+        ("amp_fp16", 2), ("amp_bf16", 2), ("channels_last", 2)]
+    assert [spec.name for spec in STEPS if not spec.required] == ["horovod_build"]
+    foreground = [Move("run", name) for name in ORDER if name != "horovod_build"]
+    assert plan(STEPS) == [*foreground[:2], Move("start", "horovod_build"), *foreground[2:-1],
+                           Move("join", "horovod_build"), foreground[-1]]
+
+
+def test_time_boxes_keep_back_the_later_selected_steps():
+    everything = names()
+    # On a GPU the steps after install keep back 200 s: with the whole budget install gets its box.
+    assert time_box(SPEC["install"], STEPS, everything, "cuda", 480) == 90
+    assert time_box(SPEC["install"], STEPS, everything, "cuda", 250) == 50
+    assert time_box(SPEC["install"], STEPS, ["install", "ddp"], "cpu", 100) == 85
+    assert time_box(SPEC["compare"], STEPS, everything, "cpu", 40) == 40
+    assert time_box(SPEC["exact"], STEPS, everything, "cuda", 100) == 100 - 25 - 45
+    # The build keeps back compare's reserve, selected or not.
+    assert background_box(SPEC["horovod_build"], STEPS, "cuda", 480) == 240
+    assert background_box(SPEC["horovod_build"], STEPS, "cuda", 200) == 155
+    assert background_box(SPEC["horovod_build"], STEPS, "cpu", 200) == 170
+
+
+def test_lists_that_cannot_run_are_refused():
+    box = PerDevice(1, 1)
+    with pytest.raises(ValueError, match="named twice"):
+        check_specs([StepSpec("a", 0, box, box), StepSpec("a", 1, box, box)])
+    with pytest.raises(ValueError, match="ends before 'a'"):
+        check_specs([StepSpec("a", 0, box, box), StepSpec("b", 1, box, box),
+                     StepSpec("c", 2, box, box, background=True, starts_after="b", joined_before="a")])
+    with pytest.raises(ValueError, match="only a background step"):
+        check_specs([StepSpec("a", 0, box, box, starts_after="b")])
+
+
+class Fake(Step):
+    def __init__(self, done: list, fails: bool = False, skips: str | None = None) -> None:
+        self.done, self.fails, self.skips = done, fails, skips
+
+    def run(self, ctx, record, until) -> None:
+        self.done.append(("run", record.name, record.limit_s))
+        if self.skips:
+            raise Skipped(self.skips)
+        if self.fails:
+            raise StepFailed("exit code 2: made to fail")
+
+    def left_out(self, ctx, record, until) -> None:
+        self.done.append(("left_out", record.name, record.limit_s))
+
+
+class FakeBuild(BackgroundStep):
+    def __init__(self, done: list) -> None:
+        self.done = done
+
+    def prepare(self, ctx, record) -> Launch:
+        self.done.append(("prepare", record.name, None))
+        raise Skipped("Horovod 0.28.1 is installed already (not rebuilt)")
+
+    def finished(self, ctx, record, output) -> None:
+        raise AssertionError("never started")
+
+
+def check(tmp_path, only=tuple(ORDER), fail=(), skip=None) -> tuple[Runner, list]:
+    settings = Settings(device="cpu", python=sys.executable, work=tmp_path / "work", out=tmp_path / "out",
+                        carry=tmp_path, budget=300.0, only=tuple(only), force_fail=(), build_wanted="auto",
+                        nproc_wanted=None)
+    done: list = []
+    actions = {name: Fake(done, fails=name in fail, skips=(skip or {}).get(name)) for name in ORDER}
+    actions["horovod_build"] = FakeBuild(done)
+    runner = Runner(STEPS, actions, Context.create(settings), Clock.started(settings.budget))
+    return runner, done
+
+
+def test_the_build_starts_after_ddp_and_is_waited_for_before_compare(tmp_path, capsys):
+    runner, done = check(tmp_path, skip={"amp_fp16": "CUDA only"})
+    assert runner.run() is None
+    assert [(what, name) for what, name, _ in done] == [
+        ("run", "install"), ("run", "ddp"), ("prepare", "horovod_build"), ("run", "amp_fp16"), ("run", "amp_bf16"),
+        ("run", "channels_last"), ("run", "exact"), ("run", "horovod_api"), ("run", "compare")]
+    records = runner.records
+    assert all(records[name].outcome == "ok" and records[name].limit_s for name in ORDER
+               if name not in ("amp_fp16", "horovod_build"))
+    assert records["amp_fp16"].outcome == "skipped" and records["amp_fp16"].reason == "CUDA only"
+    build = records["horovod_build"]
+    assert build.outcome == "skipped" and build.started_s is not None and build.limit_s is None
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"[gpu_check] {name}" for name in ORDER]
+    assert lines[-2] == "[gpu_check] horovod_build: skipped in 0.0 s (Horovod 0.28.1 is installed already " \
+                        "(not rebuilt))"
+
+
+def test_a_failed_install_skips_the_rest_and_fails_the_check(tmp_path, capsys):
+    runner, done = check(tmp_path, fail=("install",))
+    assert runner.run() is None
+    assert done == [("run", "install", 120)]  # on CPU its box: the later steps keep back 130 s of 300
+    assert all(runner.records[name].reason == "step install failed" for name in ORDER[1:])
+    assert capsys.readouterr().out.splitlines() == [
+        "[gpu_check] install: failed in 0.0 s: exit code 2: made to fail",
+        "[gpu_check] horovod_build: skipped in 0.0 s (step install failed)"]
+    settings = runner.ctx.settings
+    settings.out.mkdir()
+    assert write(settings, runner.ctx.found, list(runner.records.values()), None, runner.clock) == 1
+    record = json.loads((settings.out / "gpu_check.json").read_text())
+    assert record["failed"] == ["install"] and [step["name"] for step in record["steps"]] == ORDER
+    assert record["steps"][0]["issue_step"] == 0 and record["steps"][7]["required"] is False
+
+
+def test_steps_left_out_are_skipped_but_install_still_probes(tmp_path, capsys):
+    runner, done = check(tmp_path, only=("amp_bf16",))
+    runner.run()
+    assert [(what, name) for what, name, _ in done] == [("left_out", "install"), ("run", "amp_bf16")]
+    assert done[0][2] == 120  # install's box: amp_bf16 keeps back 15 s of 300
+    assert all(runner.records[name].reason == "not in GPU_CHECK_STEPS" for name in ORDER if name != "amp_bf16")
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [
+        "[gpu_check] amp_bf16", "[gpu_check] horovod_build"]
+
+
+def test_a_step_without_its_kind_of_action_is_refused(tmp_path):
+    runner, _ = check(tmp_path)
+    with pytest.raises(ValueError, match="horovod_build: no background step"):
+        Runner(STEPS, {**ACTIONS, "horovod_build": ACTIONS["ddp"]}, runner.ctx, runner.clock)
