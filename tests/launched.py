@@ -74,10 +74,10 @@ def compare(*args, timeout: float = 600, env: Optional[Dict[str, str]] = None, c
     return run_cmd([*COMPARE, *map(str, args)], timeout=timeout, env=env, cwd=cwd)
 
 
-def compare_backends(*args, timeout: float = 600, cwd: Path = REPO) -> Result:
+def compare_backends(*args, timeout: float = 600, env: Optional[Dict[str, str]] = None, cwd: Path = REPO) -> Result:
     """`compare-backends ARGS` (the installed command) from `cwd`: as a user starts the comparison from a folder of
     scripts, whose own `common` module `python -m common.compare` would find first."""
-    return run_cmd([str(BIN / "compare-backends"), *map(str, args)], timeout=timeout, cwd=cwd)
+    return run_cmd([str(BIN / "compare-backends"), *map(str, args)], timeout=timeout, env=env, cwd=cwd)
 
 
 @dataclass

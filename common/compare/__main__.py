@@ -78,6 +78,10 @@ def build_compare_parser() -> argparse.ArgumentParser:
     p.add_argument("--zero-step", choices=("drop", "keep"), default="drop",
                    help="with --port: hvd.broadcast_optimizer_state's step on a fresh optimizer, dropped (DDP's idiom; "
                         "the verdicts name what that changes) or kept, so that the port trains as the script does")
+    p.add_argument("--steps", type=positive_int, default=None, metavar="N",
+                   help="with --scripts, --port or --horovod-api: end every run after its N-th training step (the "
+                        "probe's --max-steps), for scripts whose epochs are longer than you need to judge them; the "
+                        "project's own loop takes --max-steps N")
     p.add_argument("--horovod-api", action="store_true",
                    help="with --scripts TRAIN_HOROVOD.py: run the Horovod script under horovodrun (Horovod itself) and "
                         "under torchrun on this project's Horovod API (python -m ddp_train.horovod_api), and compare")
@@ -185,6 +189,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "TRAIN_HOROVOD.py")
     if script_args and not args.scripts:
         return fail(f"arguments after -- ({' '.join(script_args)}) are a script's; they go with --scripts")
+    if args.steps is not None and not args.scripts:
+        return fail(f"--steps {args.steps} stops your scripts (--scripts, --port, --horovod-api); the project's own "
+                    f"loop takes --max-steps {args.steps}")
     if args.scripts:
         if train_args:
             return fail(f"training options ({' '.join(train_args)}) are the project's own loop's; with --scripts "
@@ -192,7 +199,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.runs:
             return fail("--scripts launches your scripts; --runs compares run directories: give one of them")
         try:
-            program = (scripts.on_the_api if args.horovod_api else scripts.program)(args.scripts, script_args)
+            program = (scripts.on_the_api if args.horovod_api else scripts.program)(args.scripts, script_args,
+                                                                                    args.steps)
         except ValueError as exc:
             return fail(str(exc))
     if args.repeats < 1:
@@ -268,6 +276,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     number_repeats(runs)
     reasons = check_comparable(runs)
     if args.scripts:  # scripts may take different numbers of steps: where they part is what the report says
+        if args.steps is not None:
+            notes.append(f"Every run was ended after its training step {args.steps} (--steps {args.steps}).")
         notes += [f"{reason}." for reason in reasons if reason.startswith("steps differ")]
         reasons = [reason for reason in reasons if not reason.startswith("steps differ")]
     if reasons:

@@ -165,10 +165,12 @@ class Training:
 @dataclass(frozen=True)
 class Scripts:
     """Users' own training scripts, unmodified, each run under the probe (common.probe): `scripts` names the
-    script of each backend (ddp, horovod), `args` are the scripts' own arguments."""
+    script of each backend (ddp, horovod), `args` are the scripts' own arguments; `max_steps` ends every run at
+    that step (None: where the script ends)."""
 
     scripts: Tuple[Tuple[str, str], ...]
     args: Tuple[str, ...]
+    max_steps: Optional[int] = None
 
     def module(self, planned: PlannedRun) -> Optional[str]:
         return PROBE_MODULE
@@ -176,7 +178,8 @@ class Scripts:
     def argv(self, planned: PlannedRun, run_dir: Path) -> List[str]:
         script = dict(self.scripts)[planned.launcher.backend]
         api = ["--api", planned.launcher.api] if planned.launcher.api else []
-        return ["--run-dir", str(run_dir), *api, *planned.extra_args, script, *self.args]
+        stop = ["--max-steps", str(self.max_steps)] if self.max_steps is not None else []
+        return ["--run-dir", str(run_dir), *api, *stop, *planned.extra_args, script, *self.args]
 
     def env(self, base: Dict[str, str], ranks_per_host: int) -> Dict[str, str]:
         """PYTHONSAFEPATH for the probe (a `common` module in the scripts' folder must not shadow the probe's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from .matrix import Scripts
 
@@ -27,18 +27,19 @@ def backend_of(path: Path) -> str:
     return "ddp"
 
 
-def on_the_api(paths: Sequence[str], args: Sequence[str]) -> Scripts:
+def on_the_api(paths: Sequence[str], args: Sequence[str], max_steps: Optional[int] = None) -> Scripts:
     """--horovod-api: one Horovod script, run under horovodrun (the real Horovod) and under torchrun on the
-    project's Horovod API (the probe's --api horovod)."""
+    project's Horovod API (the probe's --api horovod), each ended after `max_steps` steps (None: where it ends)."""
     if len(paths) != 1 or backend_of(Path(paths[0])) != "horovod":
         shown = " ".join(paths)
         raise ValueError(f"--horovod-api runs one Horovod script on the API and on Horovod: give --scripts "
                          f"TRAIN_HOROVOD.py alone (not {shown})")
-    return Scripts((("horovod-api", paths[0]), ("horovod", paths[0])), tuple(args))
+    return Scripts((("horovod-api", paths[0]), ("horovod", paths[0])), tuple(args), max_steps)
 
 
-def program(paths: Sequence[str], args: Sequence[str]) -> Scripts:
-    """The scripts to run: HOROVOD_SCRIPT DDP_SCRIPT, or one alone (under its own backend's launcher)."""
+def program(paths: Sequence[str], args: Sequence[str], max_steps: Optional[int] = None) -> Scripts:
+    """The scripts to run: HOROVOD_SCRIPT DDP_SCRIPT, or one alone (under its own backend's launcher), each ended
+    after `max_steps` steps (None: where it ends)."""
     if len(paths) > 2:
         raise ValueError(f"--scripts takes a Horovod script and its DDP port, or one script; got {len(paths)}")
     kinds = [backend_of(Path(p)) for p in paths]
@@ -49,4 +50,4 @@ def program(paths: Sequence[str], args: Sequence[str]) -> Scripts:
         if kinds[1] != "ddp":
             raise ValueError(f"--scripts {paths[0]} {paths[1]}: {paths[1]} imports horovod too; the second script is "
                              "the DDP port")
-    return Scripts(tuple(zip(kinds, paths, strict=True)), tuple(args))
+    return Scripts(tuple(zip(kinds, paths, strict=True)), tuple(args), max_steps)

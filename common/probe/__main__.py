@@ -10,7 +10,8 @@ started in, with the script's folder first on sys.path, its own modules found fi
 From a folder that holds its own `common.py` or `common/`, start it with PYTHONSAFEPATH=1 (as the comparison
 does) or `python -P`, so that python finds the probe and not the folder's module.
 
-Every rank records its steps; when the script ends, rank 0 writes the run directory (common.probe.assemble). A
+Every rank records its steps; when the script ends (or, with --max-steps N, after its N-th step), rank 0 writes the
+run directory (common.probe.assemble). A
 script that returns (or exits with code 0) ends the process without the interpreter's teardown, so an abort there
 (a DDP model kept past destroy_process_group) cannot turn a complete run into a failed one. What the probe cannot
 follow ends the run with one line and exit code 2; a script that fails shows its own traceback and exit code.
@@ -25,6 +26,7 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any, Dict, List, NoReturn, Optional
 
+from ..config import positive_int
 from ..errors import OneLineParser, print_error
 from ..launch import userscript
 from ..launch.placement import detect
@@ -42,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "and, where the script's gradients are exchanged at a lower precision, each reduced "
                         "gradient one unit of that precision at every step (the noise floor's disturbance)")
     p.add_argument("--perturb-pattern", type=int, default=1, metavar="P", help="which way each tensor moves")
+    p.add_argument("--max-steps", type=positive_int, default=None, metavar="N",
+                   help="end the script after its N-th training step, as if it ended there: every rank stops at the "
+                        "same step and rank 0 writes the complete run directory (a run of N steps of a script whose "
+                        "epochs are longer)")
     p.add_argument("--api", choices=sorted(apis()), default=None,
                    help="run the script on this project's implementation of a library's API (horovod: Horovod's torch "
                         "API on torch.distributed, as python -m ddp_train.horovod_api does)")
@@ -77,7 +83,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from .session import Session  # imports torch: after the arguments are known to be good
 
     session = Session(os.path.abspath(args.run_dir), args.script, list(args.args), placement, args.perturb_ulp,
-                      args.perturb_pattern, refuse)
+                      args.perturb_pattern, refuse, args.max_steps)
     session.start()
     if args.api:  # before the script's `import horovod`: the API, never the real library
         apis()[args.api].load()()

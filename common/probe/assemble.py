@@ -74,7 +74,8 @@ def write(run_dir: str, world_size: int, state: Dict[str, torch.Tensor]) -> None
     backend = {"name": world.get("name", "local"), "controller": world.get("controller"),
                "process_group": world.get("process_group"), "script": True}
     settings = {"script": probe.get("script"), "script_sha256": probe.get("sha256"), "argv": probe.get("argv"),
-                "perturb_ulp": probe.get("perturb_ulp", 0), "perturb_pattern": probe.get("perturb_pattern", 1)}
+                "perturb_ulp": probe.get("perturb_ulp", 0), "perturb_pattern": probe.get("perturb_pattern", 1),
+                "max_steps": probe.get("max_steps")}
     hosts = [_one(records, "probe").get("host") for records in ranks]
     out.write_json(CONFIG_FILE, {
         "config": settings, "backend": backend, "world_size": world_size, "hosts": sorted(set(filter(None, hosts))),

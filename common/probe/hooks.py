@@ -34,9 +34,10 @@ class Hooks:
 
     def __init__(self, recorder: Recorder, refuse: Callable[[str], NoReturn],
                  on_start: Callable[[torch.nn.Module], None], on_first_step: Callable[[], None],
-                 on_reduced: Callable[[torch.optim.Optimizer, List[torch.Tensor]], None]) -> None:
+                 on_reduced: Callable[[torch.optim.Optimizer, List[torch.Tensor]], None],
+                 on_stepped: Callable[[int], None]) -> None:
         self.recorder, self.refuse, self.on_start, self.on_first_step = recorder, refuse, on_start, on_first_step
-        self.on_reduced = on_reduced
+        self.on_reduced, self.on_stepped = on_reduced, on_stepped
         self.model: Optional[torch.nn.Module] = None
         self.wrapper: Optional[torch.nn.Module] = None   # the model's DDP wrapper, for its comm hooks
         self.optimizers: Dict[int, FrozenSet[int]] = {}    # id(optimizer) -> its parameters' ids
@@ -141,6 +142,8 @@ class Hooks:
             if self.recorder.steps == 0:
                 self.on_first_step()
             self.recorder.step(before, wnorm)
+            self.before = None
+            self.on_stepped(self.recorder.steps)
         else:
             self.recorder.stepless(before, wnorm)
         self.before = None

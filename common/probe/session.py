@@ -13,6 +13,7 @@ import torch
 from common.checkpoints.format import file_sha256
 from common.inputs.perturb import GradientDisturbance, gradient_disturbance, perturb_ulp
 from common.launch.openmpi import MPI_YIELD_VARIABLE, yield_mpi_when_idle
+from common.launch import userscript
 from common.launch.placement import Placement, cores
 from common.rundir.fingerprint import tensor_norms
 
@@ -28,12 +29,13 @@ class Session:
     """The probe on one rank."""
 
     def __init__(self, run_dir: str, script: str, argv: List[str], placement: Placement, perturb: int,
-                 pattern: int, refuse: Callable[[str], NoReturn]) -> None:
+                 pattern: int, refuse: Callable[[str], NoReturn], max_steps: Optional[int] = None) -> None:
         self.run_dir, self.script, self.argv, self.placement = run_dir, script, argv, placement
-        self.perturb, self.pattern, self.refuse = perturb, pattern, refuse
+        self.perturb, self.pattern, self.refuse, self.max_steps = perturb, pattern, refuse, max_steps
         self.disturbance: Optional[GradientDisturbance] = None
         self.recorder = Recorder(run_dir, placement.rank)
-        self.hooks = Hooks(self.recorder, self._refuse, self._started, self._check_world, self._reduced)
+        self.hooks = Hooks(self.recorder, self._refuse, self._started, self._check_world, self._reduced,
+                           self._stepped)
         self.failed = False
 
     def start(self) -> None:
@@ -45,7 +47,8 @@ class Session:
         self.recorder.write("probe", rank=self.placement.rank, world_size=self.placement.world_size,
                             host=socket.gethostname(), launcher=self.placement.launcher, script=self.script,
                             argv=self.argv, sha256=file_sha256(self.script), cwd=os.getcwd(),
-                            perturb_ulp=self.perturb, perturb_pattern=self.pattern, cores=cores(),
+                            perturb_ulp=self.perturb, perturb_pattern=self.pattern, max_steps=self.max_steps,
+                            cores=cores(),
                             ranks_per_host=self.placement.local_world_size,
                             mpi_yield_when_idle=os.environ.get(MPI_YIELD_VARIABLE), mpi_yield_source=yielding)
 
@@ -74,6 +77,15 @@ class Session:
             self.disturbance = gradient_disturbance(self.perturb, self.pattern, found)
         if self.disturbance is not None:
             self.disturbance(params, self.recorder.steps + 1)
+
+    def _stepped(self, steps: int) -> None:
+        """After each training step: with --max-steps, the script ends at that step on every rank, as if it
+        returned there (its atexit handlers run, then the probe's finish writes the run directory)."""
+        if self.max_steps is None or steps < self.max_steps:
+            return
+        if self.placement.rank == 0:
+            print(f"probe: {self.script} stopped after step {steps} (--max-steps {self.max_steps})", flush=True)
+        userscript.leave(0)
 
     def _check_world(self) -> None:
         """At the first training step: the script must train in the launcher's job, not alone on each rank."""
