@@ -44,11 +44,12 @@ def demo(runs):
 
 @pytest.fixture(scope="session")
 def across_hosts(cluster, tmp_path_factory):
-    """One comparison started on node0 across both hosts at world size 4: DDP and Horovod (Gloo and MPI).
+    """One comparison started on node0 across both hosts at world size 4: DDP and Horovod (Gloo and MPI, the default
+    controllers at the largest world size).
     test_compare_hosts reads the comparison, test_multinode the runs it launched: (result, out, summary)."""
     out = tmp_path_factory.mktemp("across-hosts")
     result = cluster.run("node0", [*COMPARE, "--hosts", "node0:2,node1:2", "--np", "4",
-                                   "--repeats", "1", "--hvd-controllers", "gloo,mpi", "--explain", "none",
+                                   "--repeats", "1", "--explain", "none",
                                    "--floor-runs", "1", *ACROSS_HOSTS, "--out", str(out)], timeout=400)
     assert result.returncode == 0, result.output[-4000:]
     return result, out, json.loads((out / SUMMARY_FILE).read_text())
