@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional
 
 import libcst as cst
+from libcst.metadata import Scope
 
 from .accumulation import pure
 from .context import Context, arguments, code
@@ -46,10 +47,10 @@ def init(ctx: Context) -> tuple[str, str]:
             "(Horovod's collectives take CPU tensors on GPU machines too)")
 
 
-def _op(names: HorovodNames, options: Dict[str, cst.BaseExpression]) -> Optional[str]:
+def _op(names: HorovodNames, options: Dict[str, cst.BaseExpression], scope: Optional[Scope] = None) -> Optional[str]:
     """"Average", "Sum", "Min", ... for a collective's op= and deprecated average=; None when it is no constant."""
     if "op" in options:
-        api = names.api(options["op"])
+        api = names.api(options["op"], scope)
         return api if api in ("Average", *REDUCE_OPS) else None
     average = options.get("average")
     if average is None or (isinstance(average, cst.Name) and average.value in ("True", "None")):
@@ -59,11 +60,11 @@ def _op(names: HorovodNames, options: Dict[str, cst.BaseExpression]) -> Optional
     return None
 
 
-def _plain(names: HorovodNames, options: Dict[str, cst.BaseExpression]) -> bool:
+def _plain(names: HorovodNames, options: Dict[str, cst.BaseExpression], scope: Optional[Scope] = None) -> bool:
     """No option the port cannot carry: a process set, compression, scale factors."""
     if "process_set" in options:
         return False
-    if "compression" in options and names.api(options["compression"]) != "Compression.none":
+    if "compression" in options and names.api(options["compression"], scope) != "Compression.none":
         return False
     return all(k not in options or code(options[k]) in ("1", "1.0") for k in ("prescale_factor", "postscale_factor"))
 
@@ -81,15 +82,16 @@ def _named(options: Dict[str, cst.BaseExpression]) -> str:
         if "name" in options else ""
 
 
-def collective(ctx: Context, api: str, call: cst.Call) -> Optional[tuple[str, str]]:
-    """A collective used for its value -> (DDP expression, what it does); None when it cannot be ported."""
+def collective(ctx: Context, api: str, call: cst.Call, scope: Optional[Scope]) -> Optional[tuple[str, str]]:
+    """A collective used for its value -> (DDP expression, what it does); None when it cannot be ported. `call`
+    is the rewrite's (its arguments already ported), read in `scope`."""
     options = arguments(call, api) if api in ("allreduce", "allreduce_", "grouped_allreduce", "allgather",
                                                "allgather_object", "broadcast", "broadcast_",
                                                "broadcast_object") else None
-    if options is None or not _plain(ctx.names, options):
+    if options is None or not _plain(ctx.names, options, scope):
         return None
     if api in ("allreduce", "allreduce_", "grouped_allreduce"):
-        op = _op(ctx.names, options)
+        op = _op(ctx.names, options, scope)
         first = options.get("tensors" if api == "grouped_allreduce" else "tensor")
         if op is None or first is None:
             return None

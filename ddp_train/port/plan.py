@@ -5,13 +5,13 @@ constructor) and every backward pass with the loops around it (for no_sync)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import libcst as cst
 from libcst.metadata import PositionProvider
 
 from .context import arguments, code
-from .names import HorovodNames, dotted, target_names
+from .names import HorovodNames, dotted
 
 Scope = Union[cst.Module, cst.FunctionDef]
 Block = Union[cst.Module, cst.IndentedBlock]
@@ -120,8 +120,6 @@ class Planner(cst.CSTVisitor):
         self.plan = Plan()
         self.stack: List[cst.CSTNode] = []
         self._distopts: List[Placed] = []
-        #: the names each function binds (parameters, assignments, loops, imports, nested definitions)
-        self.locals: Dict[int, Set[str]] = {}
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.stack.append(node)
@@ -133,40 +131,6 @@ class Planner(cst.CSTVisitor):
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
         self.stack.pop()
-
-    def _bind(self, names: Set[str], outer: bool = False) -> None:
-        stack = self.stack[:-1] if outer else self.stack
-        function = next((n for n in reversed(stack) if isinstance(n, cst.FunctionDef)), None)
-        if function is not None:
-            self.locals.setdefault(id(function), set()).update(names)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self._bind({node.name.value}, outer=True)
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self._bind({node.name.value}, outer=True)
-
-    def visit_Param(self, node: cst.Param) -> None:
-        self._bind({node.name.value})
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._bind(target_names(node.target))
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._bind(target_names(node.target))
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._bind(target_names(node.target))
-
-    def visit_For(self, node: cst.For) -> None:
-        self._bind(target_names(node.target))
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self._bind(target_names(node.name))
-
-    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
-        if node.asname is None:
-            self._bind({(dotted(node.name) or "").split(".")[0]})
 
     def _line(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line

@@ -10,6 +10,7 @@ from typing import Dict, Optional
 import libcst as cst
 
 from . import accumulation
+from .bindings import bindings
 from .context import Context, Options
 from .names import survey
 from .plan import Wrap, plan
@@ -63,8 +64,10 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
         raise PortError(_unreadable(source, exc.editor_line, exc.editor_column,
                                     exc.message.strip().splitlines()[0])) from None
     wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
+    bound = bindings(wrapper)
+    found.names.scopes = bound.scopes
     the_plan, planner = plan(wrapper, found.names)
-    ctx = Context(found.names, found.bound, found.quote, options or Options())
+    ctx = Context(found.names, bound.bound, found.quote, options or Options())
     ctx.loads_state = found.loads_state
     ctx.compressions = _compressions(ctx, the_plan.assignments)
     sites: Dict[int, tuple[accumulation.Site, Wrap]] = {}
@@ -72,11 +75,11 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
         passes = wrap.options.get("backward_passes_per_step")
         if wrap.model is None or passes is None or (isinstance(passes, cst.Integer) and passes.value == "1"):
             continue
-        wrapped, _ = accumulation.sites(the_plan.backwards, wrap.target, wrap.model)
+        wrapped, _ = accumulation.sites(the_plan.backwards, wrap.target, wrap.model, bound)
         for site in wrapped:
             sites[id(site.placed.statement)] = (site, wrap)
     models = {w.model for w in the_plan.wraps if w.model} | {w.target for w in the_plan.wraps}
-    porter = Porter(ctx, the_plan, planner, sites, module.config_for_parsing,
+    porter = Porter(ctx, the_plan, planner, bound, sites, module.config_for_parsing,
                     found.lines_of(found.names.aliases), found.lines_of(models))
     rewritten = wrapper.visit(porter)
     rewritten = finish(rewritten, ctx, porter.imports, porter.used)

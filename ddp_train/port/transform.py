@@ -9,6 +9,7 @@ from libcst.metadata import PositionProvider
 
 from . import expressions, statements
 from .accumulation import Site
+from .bindings import Bindings
 from .context import Context, above, code, with_above
 from .names import dotted, horovod_import
 from .plan import Plan, Planner, Wrap, called, single
@@ -35,8 +36,9 @@ class Porter(cst.CSTTransformer):
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, ctx: Context, plan: Plan, planner: Planner, sites: Dict[int, tuple[Site, Wrap]],
-                 config: cst.PartialParserConfig, horovod_lines: Set[int], model_lines: Set[int]) -> None:
+    def __init__(self, ctx: Context, plan: Plan, planner: Planner, bindings: Bindings,
+                 sites: Dict[int, tuple[Site, Wrap]], config: cst.PartialParserConfig, horovod_lines: Set[int],
+                 model_lines: Set[int]) -> None:
         super().__init__()
         #: the lines that name Horovod, and those that name a wrapped model or its optimizer: no other
         #: statement has anything to port, and the rewrite does not walk through it
@@ -45,6 +47,7 @@ class Porter(cst.CSTTransformer):
         self.ctx = ctx
         self.plan = plan
         self.planner = planner
+        self.bindings = bindings
         self.sites = sites
         self.config = config
         self.functions: List[cst.FunctionDef] = []
@@ -109,11 +112,12 @@ class Porter(cst.CSTTransformer):
         """Mark and record what of `parts` still names Horovod."""
         if not any(line in self.horovod_lines for line in self._span(original)):
             return updated
-        left = references(self.ctx.names, parts)
+        scope = self.bindings.scope_of(original)
+        left = references(self.ctx.names, parts, scope)
         if not left:
             return updated
         self.used |= {code(node).split(".")[0] for node in left}
-        api = self.ctx.names.api(left[0]) or code(left[0])
+        api = self.ctx.names.api(left[0], scope) or code(left[0])
         why = reason(api)
         self.ctx.leave(self.line(original), original, why)
         return with_comment(updated, comment_line(code(left[0]), why, self._column(original)))
@@ -137,7 +141,7 @@ class Porter(cst.CSTTransformer):
                                     [*updated_node.decorators, *updated_node.bases, *updated_node.keywords])
 
     def _locals_of(self, function: cst.FunctionDef) -> Set[str]:
-        return self.planner.locals.get(id(function), set())
+        return self.bindings.locals_of(function)
 
     # -- statements ----------------------------------------------------------------------------------------------
 
@@ -277,7 +281,7 @@ class Porter(cst.CSTTransformer):
             found = expressions.init(self.ctx)
         elif api in ("allreduce", "allreduce_", "grouped_allreduce", "allgather", "allgather_object", "broadcast",
                      "broadcast_", "broadcast_object"):
-            found = expressions.collective(self.ctx, api, updated_node)
+            found = expressions.collective(self.ctx, api, updated_node, self.bindings.scope_of(original_node))
         if found is None:
             return updated_node
         text, does = found
