@@ -38,6 +38,11 @@ QUERIES: Dict[str, Callable[[Context], tuple[str, str]]] = {
 }
 
 
+#: the collectives whose value the port writes as an expression
+COLLECTIVES = ("allreduce", "allreduce_", "grouped_allreduce", "allgather", "allgather_object", "broadcast",
+               "broadcast_", "broadcast_object")
+
+
 def init(ctx: Context) -> tuple[str, str]:
     """hvd.init() -> joining the process group torchrun describes."""
     ctx.imports.add("torch")
@@ -85,9 +90,7 @@ def _named(options: Dict[str, cst.BaseExpression]) -> str:
 def collective(ctx: Context, api: str, call: cst.Call, scope: Optional[Scope]) -> Optional[tuple[str, str]]:
     """A collective used for its value -> (DDP expression, what it does); None when it cannot be ported. `call`
     is the rewrite's (its arguments already ported), read in `scope`."""
-    options = arguments(call, api) if api in ("allreduce", "allreduce_", "grouped_allreduce", "allgather",
-                                               "allgather_object", "broadcast", "broadcast_",
-                                               "broadcast_object") else None
+    options = arguments(call, api) if api in COLLECTIVES else None
     if options is None or not _plain(ctx.names, options, scope):
         return None
     if api in ("allreduce", "allreduce_", "grouped_allreduce"):
@@ -125,6 +128,24 @@ def collective(ctx: Context, api: str, call: cst.Call, scope: Optional[Scope]) -
         return (f"{ctx.helper('broadcasted_object')}({code(options['obj'])}{src})",
                 f"rank {root}'s object" + _named(options))
     return None
+
+
+#: a rule for a Horovod call inside an expression: (the port, the API, the call as the rewrite has it, the scope
+#: it is read in) -> (the DDP expression, what it does), or None: left as written
+CallRule = Callable[[Context, str, cst.Call, Optional[Scope]], Optional[tuple[str, str]]]
+
+
+def _query(ctx: Context, api: str, call: cst.Call, scope: Optional[Scope]) -> Optional[tuple[str, str]]:
+    return QUERIES[api](ctx) if not call.args else None
+
+
+def _init(ctx: Context, api: str, call: cst.Call, scope: Optional[Scope]) -> Optional[tuple[str, str]]:
+    return init(ctx) if not call.args else None
+
+
+#: the rule of each Horovod call the port writes as an expression
+CALLS: Dict[str, CallRule] = {**{api: _query for api in QUERIES}, "init": _init,
+                              **{api: collective for api in COLLECTIVES}}
 
 
 def in_place_portable(names: HorovodNames, api: str, call: cst.Call) -> bool:

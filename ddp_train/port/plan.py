@@ -52,6 +52,8 @@ class Wrap:
     options: Dict[str, cst.BaseExpression]
     model: Optional[str]
     at: Placed
+    #: the backward passes the port runs under no_sync for this wrap (backward_passes_per_step; port.accumulation)
+    no_sync_sites: int = 0
 
 
 @dataclass
@@ -175,28 +177,10 @@ class Planner(cst.CSTVisitor):
 
     def _model_of_optimizer(self, optimizer: cst.BaseExpression, placed: Placed) -> Optional[str]:
         """The model whose parameters() the optimizer was built with."""
-        built = self.constructor(optimizer, placed.scope, placed.line)
+        built = constructor(self.plan, self.names, optimizer, placed.scope, placed.line)
         if built is None or not built.args:
             return None
         return _model_of_parameters(built.args[0].value, ("parameters", "named_parameters"))
-
-    def constructor(self, optimizer: cst.BaseExpression, scope: Scope, line: int) -> Optional[cst.Call]:
-        """The call that built `optimizer` (through hvd.DistributedOptimizer), if the script shows it."""
-        for _ in range(8):  # optimizer = hvd.DistributedOptimizer(optimizer, ...) chains are short
-            if isinstance(optimizer, cst.Call):
-                if self.names.api(optimizer.func) != "DistributedOptimizer":
-                    return optimizer
-                options = arguments(optimizer, "DistributedOptimizer") or {}
-                if "optimizer" not in options:
-                    return None
-                optimizer = options["optimizer"]
-                continue
-            name = dotted(optimizer)
-            assignment = self.plan.assigned(name, scope, line) if name else None
-            if assignment is None:
-                return None
-            optimizer, line, scope = assignment.value, assignment.line, assignment.scope
-        return None
 
     def _wrap_place(self, placed: Placed, model: Optional[str]) -> Placed:
         later = [b for b in self.plan.broadcasts if b.block is placed.block and b.index > placed.index
@@ -212,8 +196,28 @@ def broadcast_model(placed: Placed) -> Optional[str]:
     return _model_of_parameters(call.args[0].value, ("state_dict", "parameters", "named_parameters"))
 
 
-def plan(wrapper: cst.MetadataWrapper, names: HorovodNames) -> tuple[Plan, Planner]:
-    """The plan of the module `wrapper` holds, and the planner (which can still look up constructors)."""
+def constructor(plan: Plan, names: HorovodNames, optimizer: cst.BaseExpression, scope: Scope,
+                line: int) -> Optional[cst.Call]:
+    """The call that built `optimizer` (through hvd.DistributedOptimizer), if the script shows it."""
+    for _ in range(8):  # optimizer = hvd.DistributedOptimizer(optimizer, ...) chains are short
+        if isinstance(optimizer, cst.Call):
+            if names.api(optimizer.func) != "DistributedOptimizer":
+                return optimizer
+            options = arguments(optimizer, "DistributedOptimizer") or {}
+            if "optimizer" not in options:
+                return None
+            optimizer = options["optimizer"]
+            continue
+        name = dotted(optimizer)
+        assignment = plan.assigned(name, scope, line) if name else None
+        if assignment is None:
+            return None
+        optimizer, line, scope = assignment.value, assignment.line, assignment.scope
+    return None
+
+
+def plan(wrapper: cst.MetadataWrapper, names: HorovodNames) -> Plan:
+    """The plan of the module `wrapper` holds."""
     planner = Planner(names)
     wrapper.visit(planner)
-    return planner.plan, planner
+    return planner.plan

@@ -5,18 +5,18 @@ from __future__ import annotations
 import ast
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import libcst as cst
 
 from . import accumulation
 from .bindings import bindings
 from .context import Context, Options
+from .imports import finish
 from .names import survey
-from .plan import Wrap, plan
+from .plan import Assignment, Wrap, plan
 from .report import PortReport
 from .transform import Porter
-from .imports import finish
 
 
 class PortError(ValueError):
@@ -36,7 +36,7 @@ def _unreadable(source: str, line: object, column: object, what: str) -> str:
     return f"{source}:{line}:{column}: not Python the port can read ({what}); fix the syntax and run the port again"
 
 
-def _compressions(ctx: Context, assignments) -> Dict[str, bool]:
+def _compressions(ctx: Context, assignments: Sequence[Assignment]) -> Dict[str, bool]:
     """Variables every assignment of which is a Horovod compression (or a choice between two)."""
     kinds: Dict[str, bool] = {}
     for assignment in assignments:
@@ -66,7 +66,7 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
     wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
     bound = bindings(wrapper)
     found.names.scopes = bound.scopes
-    the_plan, planner = plan(wrapper, found.names)
+    the_plan = plan(wrapper, found.names)
     ctx = Context(found.names, bound.bound, found.quote, options or Options())
     ctx.loads_state = found.loads_state
     ctx.compressions = _compressions(ctx, the_plan.assignments)
@@ -78,8 +78,9 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
         wrapped, _ = accumulation.sites(the_plan.backwards, wrap.target, wrap.model, bound)
         for site in wrapped:
             sites[id(site.placed.statement)] = (site, wrap)
+            wrap.no_sync_sites += 1
     models = {w.model for w in the_plan.wraps if w.model} | {w.target for w in the_plan.wraps}
-    porter = Porter(ctx, the_plan, planner, bound, sites, module.config_for_parsing,
+    porter = Porter(ctx, the_plan, bound, sites, module.config_for_parsing,
                     found.lines_of(found.names.aliases), found.lines_of(models))
     rewritten = wrapper.visit(porter)
     rewritten = finish(rewritten, ctx, porter.imports, porter.used)
