@@ -45,6 +45,9 @@ class HorovodNames:
         module = self.aliases.get(name)
         if module is None or scope is None:
             return module
+        # The name looked up in its scope, as QualifiedNameProvider does; not that provider itself: it names every
+        # expression of the module up front (as long again as the rest of the port), and the rewrite asks about
+        # nodes it has just made, which have no metadata, with the scope of the statement they came from.
         assignments = scope[name]
         # unbound in the scope's chain (imported in another function): still the script's Horovod name
         if assignments and not any(isinstance(a, ImportAssignment) and horovod_import(a.node) for a in assignments):
