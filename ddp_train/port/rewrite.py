@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Optional, Sequence
 
 import libcst as cst
@@ -65,9 +65,9 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
                                     exc.message.strip().splitlines()[0])) from None
     wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
     bound = bindings(wrapper)
-    found.names.scopes = bound.scopes
-    the_plan = plan(wrapper, found.names)
-    ctx = Context(found.names, bound.bound, found.quote, options or Options())
+    names = replace(found.names, scopes=bound.scopes)  # Horovod's names, each resolved in its scope from here on
+    the_plan = plan(wrapper, names)
+    ctx = Context(names, bound.bound, found.quote, options or Options())
     ctx.loads_state = found.loads_state
     ctx.compressions = _compressions(ctx, the_plan.assignments)
     sites: Dict[int, tuple[accumulation.Site, Wrap]] = {}

@@ -1,12 +1,13 @@
-"""What a rule reads and what it returns: a rule is a function of one `StatementSite` (a statement where an idiom
-is, with what the port knows around it) that returns an edit (`Replace`, `Unwrap`) or None (left as written);
-the porter (port.transform) finds the sites, asks the rules and applies their edits. Rules record what they did
-in the port's report, and the imports and helpers their text uses, through `StatementSite.port`."""
+"""What a rule reads and what it returns: a statement rule is a function of one `StatementSite` (a statement where
+an idiom is, with what the port knows around it) that returns a `Replace` or None (left as written); the rules of
+port.wrapped return `Unwrap` and `Through`. The porter (port.transform) finds the sites, asks the rules and applies
+their edits. Rules record what they did in the port's report, and ask for the imports and helpers their text uses,
+through `StatementSite.port`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Optional, Tuple
 
 import libcst as cst
 
@@ -49,9 +50,6 @@ class Through:
     wrap: `model.module.attr`)."""
 
     via: str
-
-
-Edit = Union[Replace, Unwrap, Through]
 
 
 @dataclass(frozen=True)

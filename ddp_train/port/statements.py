@@ -39,7 +39,7 @@ def distributed_optimizer(site: StatementSite) -> Result:
         texts += statements
     else:
         site.port.change(site.line, "hvd.DistributedOptimizer", f"the DDP wrap of {wrap.model} moves to line "
-                          f"{wrap.at.line}, where hvd.broadcast_parameters made the weights final")
+                         f"{wrap.at.line}, where hvd.broadcast_parameters made the weights final")
     return Replace(tuple(texts), tuple(comments))
 
 
