@@ -16,8 +16,9 @@ from typing import List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
+from .bindings import Bindings
 from .context import code
-from .names import bound_names, dotted
+from .names import dotted
 from .plan import Placed, single
 
 ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.Power)
@@ -119,7 +120,7 @@ def _first(placed: Placed, model: str) -> int:
     return next((i for i in range(placed.index + 1) if _calls(body[i], model)), 0)
 
 
-def _conditional_step(placed: Placed, optimizer: str, first: int) -> Tuple[bool, Optional[str]]:
+def _conditional_step(placed: Placed, optimizer: str, first: int, bindings: Bindings) -> Tuple[bool, Optional[str]]:
     """(found, condition) for a backward pass followed in its loop by `if COND: optimizer.step()`; (True, None)
     when a step follows unconditionally (every pass syncs, as under Horovod)."""
     owner, _ = _owner(placed)
@@ -133,14 +134,14 @@ def _conditional_step(placed: Placed, optimizer: str, first: int) -> Tuple[bool,
             assert isinstance(statement, cst.If)
             # COND is read before the forward pass now, where the script read it after the backward pass
             before = placed.block.body[first:placed.index + 1 + position]
-            between = set().union(*(bound_names(s) for s in before))
+            between = bindings.bound_in(before)
             if pure(statement.test) and not (_names(statement.test) & between) and statement.orelse is None:
                 return True, code(statement.test)
             return False, None
     return False, None
 
 
-def _last_of_range(placed: Placed, optimizer: str) -> Optional[str]:
+def _last_of_range(placed: Placed, optimizer: str, bindings: Bindings) -> Optional[str]:
     """The condition of the last iteration of the inner `for i in range(...)` loop holding the backward pass,
     when the optimizer steps after that loop."""
     owner, block = _owner(placed)
@@ -160,23 +161,24 @@ def _last_of_range(placed: Placed, optimizer: str) -> Optional[str]:
     step = args[2] if len(args) == 3 else None
     if isinstance(step, cst.UnaryOperation) or (isinstance(step, cst.Integer) and int(step.value, 0) <= 0):
         return None  # a loop that counts down: its last value is not where this condition puts it
-    assigned = bound_names(owner.body)
+    assigned = bindings.bound_in([owner.body])
     if any(_names(a) & assigned for a in args):
         return None
     return f"{owner.target.value} + {code(step) if step is not None else 1} >= {code(stop)}"
 
 
-def sites(backwards: Sequence[Placed], optimizer: str, model: str) -> Tuple[List[Site], List[Placed]]:
+def sites(backwards: Sequence[Placed], optimizer: str, model: str,
+          bindings: Bindings) -> Tuple[List[Site], List[Placed]]:
     """The passes to run under no_sync, and the backward passes whose loop shows no last pass (left syncing at
-    every pass)."""
+    every pass); `bindings` tells what the statements between assign."""
     found: List[Site] = []
     unclear: List[Placed] = []
     for placed in backwards:
         first = _first(placed, model)
-        known, condition = _conditional_step(placed, optimizer, first)
+        known, condition = _conditional_step(placed, optimizer, first, bindings)
         if known and condition is None:
             continue
-        condition = condition or _last_of_range(placed, optimizer)
+        condition = condition or _last_of_range(placed, optimizer, bindings)
         if condition:
             found.append(Site(placed, condition, first))
         else:

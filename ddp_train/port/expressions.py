@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional
 
 import libcst as cst
+from libcst.metadata import Scope
 
 from .accumulation import pure
 from .context import Context, arguments, code
@@ -37,6 +38,11 @@ QUERIES: Dict[str, Callable[[Context], tuple[str, str]]] = {
 }
 
 
+#: the collectives whose value the port writes as an expression
+COLLECTIVES = ("allreduce", "allreduce_", "grouped_allreduce", "allgather", "allgather_object", "broadcast",
+               "broadcast_", "broadcast_object")
+
+
 def init(ctx: Context) -> tuple[str, str]:
     """hvd.init() -> joining the process group torchrun describes."""
     ctx.imports.add("torch")
@@ -46,10 +52,10 @@ def init(ctx: Context) -> tuple[str, str]:
             "(Horovod's collectives take CPU tensors on GPU machines too)")
 
 
-def _op(names: HorovodNames, options: Dict[str, cst.BaseExpression]) -> Optional[str]:
+def _op(names: HorovodNames, options: Dict[str, cst.BaseExpression], scope: Optional[Scope] = None) -> Optional[str]:
     """"Average", "Sum", "Min", ... for a collective's op= and deprecated average=; None when it is no constant."""
     if "op" in options:
-        api = names.api(options["op"])
+        api = names.api(options["op"], scope)
         return api if api in ("Average", *REDUCE_OPS) else None
     average = options.get("average")
     if average is None or (isinstance(average, cst.Name) and average.value in ("True", "None")):
@@ -59,11 +65,11 @@ def _op(names: HorovodNames, options: Dict[str, cst.BaseExpression]) -> Optional
     return None
 
 
-def _plain(names: HorovodNames, options: Dict[str, cst.BaseExpression]) -> bool:
+def _plain(names: HorovodNames, options: Dict[str, cst.BaseExpression], scope: Optional[Scope] = None) -> bool:
     """No option the port cannot carry: a process set, compression, scale factors."""
     if "process_set" in options:
         return False
-    if "compression" in options and names.api(options["compression"]) != "Compression.none":
+    if "compression" in options and names.api(options["compression"], scope) != "Compression.none":
         return False
     return all(k not in options or code(options[k]) in ("1", "1.0") for k in ("prescale_factor", "postscale_factor"))
 
@@ -81,15 +87,14 @@ def _named(options: Dict[str, cst.BaseExpression]) -> str:
         if "name" in options else ""
 
 
-def collective(ctx: Context, api: str, call: cst.Call) -> Optional[tuple[str, str]]:
-    """A collective used for its value -> (DDP expression, what it does); None when it cannot be ported."""
-    options = arguments(call, api) if api in ("allreduce", "allreduce_", "grouped_allreduce", "allgather",
-                                               "allgather_object", "broadcast", "broadcast_",
-                                               "broadcast_object") else None
-    if options is None or not _plain(ctx.names, options):
+def collective(ctx: Context, api: str, call: cst.Call, scope: Optional[Scope]) -> Optional[tuple[str, str]]:
+    """A collective used for its value -> (DDP expression, what it does); None when it cannot be ported. `call`
+    is the rewrite's (its arguments already ported), read in `scope`."""
+    options = arguments(call, api) if api in COLLECTIVES else None
+    if options is None or not _plain(ctx.names, options, scope):
         return None
     if api in ("allreduce", "allreduce_", "grouped_allreduce"):
-        op = _op(ctx.names, options)
+        op = _op(ctx.names, options, scope)
         first = options.get("tensors" if api == "grouped_allreduce" else "tensor")
         if op is None or first is None:
             return None
@@ -123,6 +128,24 @@ def collective(ctx: Context, api: str, call: cst.Call) -> Optional[tuple[str, st
         return (f"{ctx.helper('broadcasted_object')}({code(options['obj'])}{src})",
                 f"rank {root}'s object" + _named(options))
     return None
+
+
+#: a rule for a Horovod call inside an expression: (the port, the API, the call as the rewrite has it, the scope
+#: it is read in) -> (the DDP expression, what it does), or None: left as written
+CallRule = Callable[[Context, str, cst.Call, Optional[Scope]], Optional[tuple[str, str]]]
+
+
+def _query(ctx: Context, api: str, call: cst.Call, scope: Optional[Scope]) -> Optional[tuple[str, str]]:
+    return QUERIES[api](ctx) if not call.args else None
+
+
+def _init(ctx: Context, api: str, call: cst.Call, scope: Optional[Scope]) -> Optional[tuple[str, str]]:
+    return init(ctx) if not call.args else None
+
+
+#: the rule of each Horovod call the port writes as an expression
+CALLS: Dict[str, CallRule] = {**{api: _query for api in QUERIES}, "init": _init,
+                              **{api: collective for api in COLLECTIVES}}
 
 
 def in_place_portable(names: HorovodNames, api: str, call: cst.Call) -> bool:

@@ -130,9 +130,35 @@ def _helpers_source(ctx: Context) -> List[str]:
     return [helpers.source(key, ctx.name, ctx.quote) for key in helpers.HELPERS if key in ctx.helpers]
 
 
+# LibCST's RemoveImportsVisitor and AddImportsVisitor do not fit here. The first removes a whole statement (its
+# blank lines and its place go with it) after its own scope analysis of the rewritten module, where the port knows
+# which Horovod names are still used and keeps the emptied statement's place for torch.distributed's imports; the
+# second writes every new import after the module's first import block, where the port puts the third-party ones
+# in Horovod's place and the standard library's in order among the script's own, so that the port reads like a
+# script written for DDP (and a second port changes nothing).
+
+
 def finish(module: cst.Module, ctx: Context, lines: Dict[str, int], used: Set[str]) -> cst.Module:
     """`module` with its imports fixed and the helpers added; `lines` holds the Horovod import statements (their
     code, with their lines in the script), `used` the Horovod names still used."""
+    module, gone = _trimmed(module, ctx, lines, used)
+    body: List[cst.BaseStatement] = list(module.body)
+    stdlib, others = _needed(ctx, body)
+    config = module.config_for_parsing
+    parsed = {t: cst.parse_statement(t + "\n", config=config) for _, t in [*stdlib, *others]}
+    out, placed = _in_horovods_place(body, gone, [parsed[t] for _, t in others])
+    if others and not placed:
+        at = _after_imports(out)
+        out[at:at] = [parsed[t] for _, t in others]
+    for module_name, text in stdlib:
+        _insert_stdlib(out, module_name, parsed[text])
+    _add_helpers(out, _helpers_source(ctx), config)
+    return module.with_changes(body=out)
+
+
+def _trimmed(module: cst.Module, ctx: Context, lines: Dict[str, int], used: Set[str]) -> Tuple[cst.Module, Set[int]]:
+    """`module` with Horovod's unused names out of its imports, and the top-level import statements emptied (kept
+    in place as markers, by id)."""
     trim = _Trim(ctx.names, used, lines, ctx)
     top = [s for s in module.body if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
            and horovod_import(s.body[0])]
@@ -149,32 +175,36 @@ def finish(module: cst.Module, ctx: Context, lines: Dict[str, int], used: Set[st
         module = module.with_changes(body=kept_body)
     else:
         module = module.visit(trim)
-    gone = {id(s) for s in trim.gone}
-    body: List[cst.BaseStatement] = list(module.body)
+    return module, {id(s) for s in trim.gone}
+
+
+def _needed(ctx: Context, body: Sequence[cst.BaseStatement]) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
+    """The import statements the rewrites need that the module does not have, as (module, statement): the
+    standard library's, and the others, in ORDER."""
     present = set().union(*(_binds(s) for s in body)) if body else set()
-    wanted = [key for key in ORDER if key in ctx.imports]
     new: List[Tuple[str, str]] = []
-    for key in wanted:
+    for key in (key for key in ORDER if key in ctx.imports):
         module_name, text = _statement(key, ctx.name)
         if key == "torch" and "import torch" in present:
             continue
         if text not in present:
             new.append((module_name, text))
-    stdlib = [(m, t) for m, t in new if m in STDLIB]
-    others = [(m, t) for m, t in new if m not in STDLIB]
-    config = module.config_for_parsing
-    parsed = {t: cst.parse_statement(t + "\n", config=config) for _, t in new}
+    return [(m, t) for m, t in new if m in STDLIB], [(m, t) for m, t in new if m not in STDLIB]
 
-    # Horovod's first import gives its place (and the lines above it) to the new third-party imports.
+
+def _in_horovods_place(body: Sequence[cst.BaseStatement], gone: Set[int],
+                       others: Sequence[cst.BaseStatement]) -> Tuple[List[cst.BaseStatement], bool]:
+    """`body` without the emptied Horovod imports, the first of which gives its place (and the lines above it) to
+    `others`; whether they were placed."""
     out: List[cst.BaseStatement] = []
     carried: List[cst.EmptyLine] = []
-    placed_others = False
+    placed = False
     for statement in body:
         if id(statement) in gone:
-            if not placed_others and others:
-                first, *rest = [parsed[t] for _, t in others]
+            if not placed and others:
+                first, *rest = others
                 out += [with_above(first, above(statement)), *rest]
-                placed_others = True
+                placed = True
             else:
                 carried += [line for line in above(statement) if line.comment is None][:1]
             continue
@@ -183,28 +213,29 @@ def finish(module: cst.Module, ctx: Context, lines: Dict[str, int], used: Set[st
                 statement = with_above(statement, carried[:1])
             carried = []
         out.append(statement)
+    return out, placed
+
+
+def _after_imports(out: Sequence[cst.BaseStatement]) -> int:
+    """Where a statement goes after the last import (after the docstring when there is none)."""
     imports_at = [i for i, s in enumerate(out) if _is_import(s)]
-    if others and not placed_others:
-        at = imports_at[-1] + 1 if imports_at else _after_docstring(out)
-        out[at:at] = [parsed[t] for _, t in others]
-    for module_name, text in stdlib:
-        _insert_stdlib(out, module_name, parsed[text])
-    helper_texts = _helpers_source(ctx)
-    if helper_texts:
-        imports_at = [i for i, s in enumerate(out) if _is_import(s)]
-        at = imports_at[-1] + 1 if imports_at else _after_docstring(out)
-        blank = cst.EmptyLine(indent=False)
-        functions = []
-        for text in helper_texts:
-            function = cst.parse_statement(text + "\n", config=config)
-            functions.append(function.with_changes(leading_lines=[blank, blank]))
-        if at < len(out):
-            follower = above(out[at])
-            leading_blanks = next((i for i, line in enumerate(follower) if line.comment is not None), len(follower))
-            if leading_blanks < 2:
-                out[at] = with_above(out[at], [blank] * (2 - leading_blanks) + follower)
-        out[at:at] = functions
-    return module.with_changes(body=out)
+    return imports_at[-1] + 1 if imports_at else _after_docstring(out)
+
+
+def _add_helpers(out: List[cst.BaseStatement], texts: Sequence[str], config: cst.PartialParserConfig) -> None:
+    """The helpers' functions after the last import, two blank lines around each, as PEP 8 has them."""
+    if not texts:
+        return
+    at = _after_imports(out)
+    blank = cst.EmptyLine(indent=False)
+    functions = [cst.parse_statement(text + "\n", config=config).with_changes(leading_lines=[blank, blank])
+                 for text in texts]
+    if at < len(out):
+        follower = above(out[at])
+        leading_blanks = next((i for i, line in enumerate(follower) if line.comment is not None), len(follower))
+        if leading_blanks < 2:
+            out[at] = with_above(out[at], [blank] * (2 - leading_blanks) + follower)
+    out[at:at] = functions
 
 
 def _after_docstring(body: Sequence[cst.BaseStatement]) -> int:

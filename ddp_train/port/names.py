@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import ast
-from typing import Dict, Iterable, Optional, Set
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Mapping, Optional, Set
 
 import libcst as cst
+from libcst.metadata import ImportAssignment, Scope
 
 #: Horovod's torch modules whose names horovod.torch re-exports: horovod.torch.mpi_ops.allreduce is hvd.allreduce
 SUBMODULES = ("mpi_ops", "functions", "optimizer", "compression", "sync_batch_norm")
@@ -32,20 +33,42 @@ def is_horovod(module: str) -> bool:
 @dataclass
 class HorovodNames:
     """Local names bound to Horovod: {"hvd": "horovod.torch", "horovod": "horovod", "allreduce":
-    "horovod.torch.allreduce"}."""
+    "horovod.torch.allreduce"}, and each node's scope (LibCST's ScopeProvider, once the module is parsed), so
+    that a parameter or local variable of the same name in a function is not taken for Horovod."""
 
     aliases: Dict[str, str] = field(default_factory=dict)
+    scopes: Mapping[cst.CSTNode, Optional[Scope]] = field(default_factory=dict)
 
-    def api(self, node: cst.BaseExpression) -> Optional[str]:
+    def module_of(self, name: str, scope: Optional[Scope]) -> Optional[str]:
+        """The Horovod module `name` stands for in `scope` (None: the module's scope), or None where it is not
+        Horovod there: bound in that scope only by something other than a Horovod import."""
+        module = self.aliases.get(name)
+        if module is None or scope is None:
+            return module
+        # The name looked up in its scope, as QualifiedNameProvider does; not that provider itself: it names every
+        # expression of the module up front (as long again as the rest of the port), and the rewrite asks about
+        # nodes it has just made, which have no metadata, with the scope of the statement they came from.
+        assignments = scope[name]
+        # unbound in the scope's chain (imported in another function): still the script's Horovod name
+        if assignments and not any(isinstance(a, ImportAssignment) and horovod_import(a.node) for a in assignments):
+            return None
+        return module
+
+    def api(self, node: cst.BaseExpression, scope: Optional[Scope] = None) -> Optional[str]:
         """The Horovod API `node` names, without the "horovod.torch." prefix ("rank", "Compression.fp16",
-        "horovod.run" for what is not under horovod.torch), or None when it names no Horovod object."""
+        "horovod.run" for what is not under horovod.torch), or None when it names no Horovod object. `scope`
+        is where `node` is read; without it, the scope the parsed module gives `node` (a node the rewrite
+        made has none: pass the scope of the statement it came from)."""
         name = dotted(node)
         if not name:
             return None
         head, _, rest = name.partition(".")
         if head not in self.aliases:
             return None
-        full = self.aliases[head] + (f".{rest}" if rest else "")
+        module = self.module_of(head, scope if scope is not None else self.scopes.get(node))
+        if module is None:
+            return None
+        full = module + (f".{rest}" if rest else "")
         for sub in SUBMODULES:
             full = full.replace(f"horovod.torch.{sub}.", "horovod.torch.")
         if full.startswith("horovod.torch."):
@@ -65,10 +88,10 @@ def horovod_import(small: cst.CSTNode) -> bool:
 @dataclass
 class Survey:
     """What one walk of Python's own syntax tree tells before the rewrite (fast: ast is C): the Horovod names,
-    every name the script binds, and what it calls load_state_dict on."""
+    the lines names appear on, and what it calls load_state_dict on. (Which names the script binds, and where,
+    is LibCST's ScopeProvider's: port.bindings.)"""
 
     names: HorovodNames
-    bound: Set[str]
     loads_state: Set[str]
     #: the lines each name, and each dotted name an attribute is taken of, appears on
     lines: Dict[str, Set[int]]
@@ -95,7 +118,6 @@ def _ast_dotted(node: ast.AST) -> Optional[str]:
 def survey(tree: ast.Module, text: str) -> Survey:
     """Survey a parsed script (`text` its source)."""
     names = HorovodNames()
-    bound: Set[str] = set()
     loads: Set[str] = set()
     lines: Dict[str, Set[int]] = {}
     quotes = {"'": 0, '"': 0}
@@ -111,92 +133,15 @@ def survey(tree: ast.Module, text: str) -> Survey:
                 quotes[start[:1]] += 1
         if isinstance(node, ast.Import):
             for alias in node.names:
-                bound.add(alias.asname or alias.name.split(".")[0])
                 if is_horovod(alias.name):
                     names.aliases[alias.asname or "horovod"] = alias.name if alias.asname else "horovod"
         elif isinstance(node, ast.ImportFrom):
             for alias in node.names:
-                bound.add(alias.asname or alias.name)
                 if node.module and not node.level and is_horovod(node.module) and alias.name != "*":
                     names.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            bound.add(node.id)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                 node.func.attr == "load_state_dict":
             receiver = _ast_dotted(node.func.value)
             if receiver:
                 loads.add(receiver)
-    return Survey(names, bound, loads, lines, "'" if quotes["'"] > quotes['"'] else '"')
-
-
-class _BindingFinder(cst.CSTVisitor):
-    """Every name the module binds anywhere: assignments, parameters, imports, definitions, loop targets."""
-
-    def __init__(self) -> None:
-        self.bound: Set[str] = set()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        pass
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self.bound |= _target_names(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self.bound |= _target_names(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self.bound |= _target_names(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self.bound |= _target_names(node.target)
-
-    def visit_CompFor(self, node: cst.CompFor) -> None:
-        self.bound |= _target_names(node.target)
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self.bound |= _target_names(node.name)
-
-    def visit_Param(self, node: cst.Param) -> None:
-        self.bound.add(node.name.value)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.bound.add(node.name.value)
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.bound.add(node.name.value)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self.bound |= _target_names(node.target)
-
-    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
-        if node.asname is None:
-            self.bound.add(_module_name(node.name).split(".")[0])
-
-
-def _target_names(node: cst.BaseExpression) -> Set[str]:
-    if isinstance(node, cst.Name):
-        return {node.value}
-    if isinstance(node, (cst.Tuple, cst.List)):
-        found: Set[str] = set()
-        for element in node.elements:
-            found |= _target_names(element.value)
-        return found
-    if isinstance(node, cst.StarredElement):
-        return _target_names(node.value)
-    return set()
-
-
-def bound_names(node: cst.CSTNode) -> Set[str]:
-    """Every name bound anywhere in `node`."""
-    finder = _BindingFinder()
-    node.visit(finder)
-    return finder.bound
-
-
-def target_names(node: cst.BaseExpression) -> Set[str]:
-    """The names an assignment target binds."""
-    return _target_names(node)
+    return Survey(names, loads, lines, "'" if quotes["'"] > quotes['"'] else '"')

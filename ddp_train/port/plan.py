@@ -5,13 +5,13 @@ constructor) and every backward pass with the loops around it (for no_sync)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import libcst as cst
 from libcst.metadata import PositionProvider
 
 from .context import arguments, code
-from .names import HorovodNames, dotted, target_names
+from .names import HorovodNames, dotted
 
 Scope = Union[cst.Module, cst.FunctionDef]
 Block = Union[cst.Module, cst.IndentedBlock]
@@ -52,6 +52,8 @@ class Wrap:
     options: Dict[str, cst.BaseExpression]
     model: Optional[str]
     at: Placed
+    #: the backward passes the port runs under no_sync for this wrap (backward_passes_per_step; port.accumulation)
+    no_sync_sites: int = 0
 
 
 @dataclass
@@ -120,8 +122,6 @@ class Planner(cst.CSTVisitor):
         self.plan = Plan()
         self.stack: List[cst.CSTNode] = []
         self._distopts: List[Placed] = []
-        #: the names each function binds (parameters, assignments, loops, imports, nested definitions)
-        self.locals: Dict[int, Set[str]] = {}
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.stack.append(node)
@@ -133,40 +133,6 @@ class Planner(cst.CSTVisitor):
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
         self.stack.pop()
-
-    def _bind(self, names: Set[str], outer: bool = False) -> None:
-        stack = self.stack[:-1] if outer else self.stack
-        function = next((n for n in reversed(stack) if isinstance(n, cst.FunctionDef)), None)
-        if function is not None:
-            self.locals.setdefault(id(function), set()).update(names)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self._bind({node.name.value}, outer=True)
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self._bind({node.name.value}, outer=True)
-
-    def visit_Param(self, node: cst.Param) -> None:
-        self._bind({node.name.value})
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._bind(target_names(node.target))
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._bind(target_names(node.target))
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._bind(target_names(node.target))
-
-    def visit_For(self, node: cst.For) -> None:
-        self._bind(target_names(node.target))
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self._bind(target_names(node.name))
-
-    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
-        if node.asname is None:
-            self._bind({(dotted(node.name) or "").split(".")[0]})
 
     def _line(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line
@@ -211,28 +177,10 @@ class Planner(cst.CSTVisitor):
 
     def _model_of_optimizer(self, optimizer: cst.BaseExpression, placed: Placed) -> Optional[str]:
         """The model whose parameters() the optimizer was built with."""
-        built = self.constructor(optimizer, placed.scope, placed.line)
+        built = constructor(self.plan, self.names, optimizer, placed.scope, placed.line)
         if built is None or not built.args:
             return None
         return _model_of_parameters(built.args[0].value, ("parameters", "named_parameters"))
-
-    def constructor(self, optimizer: cst.BaseExpression, scope: Scope, line: int) -> Optional[cst.Call]:
-        """The call that built `optimizer` (through hvd.DistributedOptimizer), if the script shows it."""
-        for _ in range(8):  # optimizer = hvd.DistributedOptimizer(optimizer, ...) chains are short
-            if isinstance(optimizer, cst.Call):
-                if self.names.api(optimizer.func) != "DistributedOptimizer":
-                    return optimizer
-                options = arguments(optimizer, "DistributedOptimizer") or {}
-                if "optimizer" not in options:
-                    return None
-                optimizer = options["optimizer"]
-                continue
-            name = dotted(optimizer)
-            assignment = self.plan.assigned(name, scope, line) if name else None
-            if assignment is None:
-                return None
-            optimizer, line, scope = assignment.value, assignment.line, assignment.scope
-        return None
 
     def _wrap_place(self, placed: Placed, model: Optional[str]) -> Placed:
         later = [b for b in self.plan.broadcasts if b.block is placed.block and b.index > placed.index
@@ -248,8 +196,28 @@ def broadcast_model(placed: Placed) -> Optional[str]:
     return _model_of_parameters(call.args[0].value, ("state_dict", "parameters", "named_parameters"))
 
 
-def plan(wrapper: cst.MetadataWrapper, names: HorovodNames) -> tuple[Plan, Planner]:
-    """The plan of the module `wrapper` holds, and the planner (which can still look up constructors)."""
+def constructor(plan: Plan, names: HorovodNames, optimizer: cst.BaseExpression, scope: Scope,
+                line: int) -> Optional[cst.Call]:
+    """The call that built `optimizer` (through hvd.DistributedOptimizer), if the script shows it."""
+    for _ in range(8):  # optimizer = hvd.DistributedOptimizer(optimizer, ...) chains are short
+        if isinstance(optimizer, cst.Call):
+            if names.api(optimizer.func) != "DistributedOptimizer":
+                return optimizer
+            options = arguments(optimizer, "DistributedOptimizer") or {}
+            if "optimizer" not in options:
+                return None
+            optimizer = options["optimizer"]
+            continue
+        name = dotted(optimizer)
+        assignment = plan.assigned(name, scope, line) if name else None
+        if assignment is None:
+            return None
+        optimizer, line, scope = assignment.value, assignment.line, assignment.scope
+    return None
+
+
+def plan(wrapper: cst.MetadataWrapper, names: HorovodNames) -> Plan:
+    """The plan of the module `wrapper` holds."""
     planner = Planner(names)
     wrapper.visit(planner)
-    return planner.plan, planner
+    return planner.plan

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import ast
 import time
-from dataclasses import dataclass
-from typing import Dict, Optional
+from dataclasses import dataclass, replace
+from typing import Dict, Optional, Sequence
 
 import libcst as cst
 
 from . import accumulation
+from .bindings import bindings
 from .context import Context, Options
+from .imports import finish
 from .names import survey
-from .plan import Wrap, plan
+from .plan import Assignment, Wrap, plan
 from .report import PortReport
 from .transform import Porter
-from .imports import finish
 
 
 class PortError(ValueError):
@@ -35,7 +36,7 @@ def _unreadable(source: str, line: object, column: object, what: str) -> str:
     return f"{source}:{line}:{column}: not Python the port can read ({what}); fix the syntax and run the port again"
 
 
-def _compressions(ctx: Context, assignments) -> Dict[str, bool]:
+def _compressions(ctx: Context, assignments: Sequence[Assignment]) -> Dict[str, bool]:
     """Variables every assignment of which is a Horovod compression (or a choice between two)."""
     kinds: Dict[str, bool] = {}
     for assignment in assignments:
@@ -63,8 +64,10 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
         raise PortError(_unreadable(source, exc.editor_line, exc.editor_column,
                                     exc.message.strip().splitlines()[0])) from None
     wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
-    the_plan, planner = plan(wrapper, found.names)
-    ctx = Context(found.names, found.bound, found.quote, options or Options())
+    bound = bindings(wrapper)
+    names = replace(found.names, scopes=bound.scopes)  # Horovod's names, each resolved in its scope from here on
+    the_plan = plan(wrapper, names)
+    ctx = Context(names, bound.bound, found.quote, options or Options())
     ctx.loads_state = found.loads_state
     ctx.compressions = _compressions(ctx, the_plan.assignments)
     sites: Dict[int, tuple[accumulation.Site, Wrap]] = {}
@@ -72,11 +75,12 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
         passes = wrap.options.get("backward_passes_per_step")
         if wrap.model is None or passes is None or (isinstance(passes, cst.Integer) and passes.value == "1"):
             continue
-        wrapped, _ = accumulation.sites(the_plan.backwards, wrap.target, wrap.model)
+        wrapped, _ = accumulation.sites(the_plan.backwards, wrap.target, wrap.model, bound)
         for site in wrapped:
             sites[id(site.placed.statement)] = (site, wrap)
+            wrap.no_sync_sites += 1
     models = {w.model for w in the_plan.wraps if w.model} | {w.target for w in the_plan.wraps}
-    porter = Porter(ctx, the_plan, planner, sites, module.config_for_parsing,
+    porter = Porter(ctx, the_plan, bound, sites, module.config_for_parsing,
                     found.lines_of(found.names.aliases), found.lines_of(models))
     rewritten = wrapper.visit(porter)
     rewritten = finish(rewritten, ctx, porter.imports, porter.used)

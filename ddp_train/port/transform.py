@@ -1,30 +1,22 @@
-"""The rewrite pass: every rule applied where the plan found its idiom, the script's own code left as it is."""
+"""The rewrite pass: the porter walks the statements that name Horovod or a wrapped model, asks the rules
+(port.statements, port.expressions, port.wrapped) what to write where their idiom is, and applies their edits;
+the script's own code stays as it is, and what names Horovod but no rule ports is marked (port.unported)."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Set, TypeVar, Union, cast
+from typing import Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union, cast
 
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from . import expressions, statements
+from . import expressions, statements, wrapped
 from .accumulation import Site
+from .bindings import Bindings
 from .context import Context, above, code, with_above
-from .names import dotted, horovod_import
-from .plan import Plan, Planner, Wrap, called, single
+from .names import horovod_import
+from .plan import Plan, Wrap, called, single
+from .rule import StatementRule, StatementSite
 from .unported import comment_line, reason, references, with_comment
-
-#: what a DDP object answers itself; any other attribute of the wrapped model is the model's (`.module`)
-DDP_SURFACE = frozenset({
-    "train", "eval", "parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
-    "modules", "named_modules", "zero_grad", "to", "cuda", "cpu", "apply", "requires_grad_", "training", "module",
-    "no_sync", "join", "register_comm_hook", "forward", "float", "half", "double", "bfloat16", "type",
-    "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook", "register_backward_hook",
-    "get_submodule", "get_parameter", "get_buffer", "share_memory",
-})
-#: Horovod calls ported as whole statements
-STATEMENTS = frozenset({"DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "join",
-                        "horovod.run", "start_timeline", "stop_timeline", "allreduce_", "broadcast_"})
 
 Node = TypeVar("Node", bound=cst.CSTNode)
 Statements = Union[cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement], cst.RemovalSentinel]
@@ -35,7 +27,7 @@ class Porter(cst.CSTTransformer):
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, ctx: Context, plan: Plan, planner: Planner, sites: Dict[int, tuple[Site, Wrap]],
+    def __init__(self, ctx: Context, plan: Plan, bindings: Bindings, sites: Dict[int, tuple[Site, Wrap]],
                  config: cst.PartialParserConfig, horovod_lines: Set[int], model_lines: Set[int]) -> None:
         super().__init__()
         #: the lines that name Horovod, and those that name a wrapped model or its optimizer: no other
@@ -44,19 +36,18 @@ class Porter(cst.CSTTransformer):
         self.relevant = horovod_lines | model_lines
         self.ctx = ctx
         self.plan = plan
-        self.planner = planner
+        self.bindings = bindings
         self.sites = sites
         self.config = config
         self.functions: List[cst.FunctionDef] = []
         self.classes: List[cst.ClassDef] = []
-        self.owned: Set[int] = set()  # statements a statement rule ports whole
+        self.owned: Dict[int, Tuple[StatementRule, StatementSite]] = {}  # statements a rule ports whole
         self.removed: Dict[int, cst.CSTNode] = {}  # markers of removed statements (held: their ids stay theirs)
         self.imports: Dict[str, int] = {}  # a Horovod import statement's code -> its line
         self.used: Set[str] = set()  # Horovod names what is left unported still uses
         #: the statements of the blocks that hold a no_sync site, and what the rewrite made of each
         self.watched = {id(s) for site, _ in sites.values() for s in site.placed.block.body}
         self.produced: Dict[int, Union[cst.CSTNode, cst.FlattenSentinel, cst.RemovalSentinel]] = {}
-        self.wrap_targets = {w.target for w in plan.wraps if w.model}
         self.module: Optional[cst.Module] = None
 
     # -- helpers ------------------------------------------------------------------------------------------------
@@ -75,7 +66,8 @@ class Porter(cst.CSTTransformer):
 
     def replaced(self, updated: cst.BaseStatement, texts: Sequence[str],
                  comments: Sequence[str] = ()) -> Statements:
-        """Statements `texts` in place of `updated`, under its comments (and any `# port:` ones)."""
+        """Statements `texts` in place of `updated`, under its comments (and any `# port:` ones): a rule's
+        `Replace` applied."""
         if not texts:
             assert isinstance(updated, cst.SimpleStatementLine)
             return self.marker(updated)
@@ -109,11 +101,12 @@ class Porter(cst.CSTTransformer):
         """Mark and record what of `parts` still names Horovod."""
         if not any(line in self.horovod_lines for line in self._span(original)):
             return updated
-        left = references(self.ctx.names, parts)
+        scope = self.bindings.scope_of(original)
+        left = references(self.ctx.names, parts, scope)
         if not left:
             return updated
         self.used |= {code(node).split(".")[0] for node in left}
-        api = self.ctx.names.api(left[0]) or code(left[0])
+        api = self.ctx.names.api(left[0], scope) or code(left[0])
         why = reason(api)
         self.ctx.leave(self.line(original), original, why)
         return with_comment(updated, comment_line(code(left[0]), why, self._column(original)))
@@ -136,63 +129,38 @@ class Porter(cst.CSTTransformer):
         return self._statement_left(original_node, updated_node,
                                     [*updated_node.decorators, *updated_node.bases, *updated_node.keywords])
 
-    def _locals_of(self, function: cst.FunctionDef) -> Set[str]:
-        return self.planner.locals.get(id(function), set())
-
     # -- statements ----------------------------------------------------------------------------------------------
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
         call = called(node)
-        api = self.ctx.names.api(call.func) if call is not None else None
-        small = single(node)
-        if api in STATEMENTS and (isinstance(small, cst.Expr) or api == "DistributedOptimizer"):
-            if api in ("allreduce_", "broadcast_"):
-                assert call is not None
-                if not expressions.in_place_portable(self.ctx.names, api, call):
-                    return True  # ported as an expression
-            self.owned.add(id(node))
-            return False
-        if self._synchronize(node):
-            self.owned.add(id(node))
-            return False
-        return True
-
-    def _synchronize(self, node: cst.SimpleStatementLine) -> bool:
-        call = called(node)
-        return call is not None and isinstance(single(node), cst.Expr) and isinstance(call.func, cst.Attribute) \
-            and call.func.attr.value == "synchronize" and not call.args \
-            and dotted(call.func.value) in self.wrap_targets
+        if call is None:
+            return True
+        site = StatementSite(node, call, self.ctx.names.api(call.func), self.line(node), self.scope(), self.ctx,
+                             self.plan)
+        rule = statements.rule_for(site)
+        if rule is None:
+            return True
+        self.owned[id(node)] = (rule, site)
+        return False
 
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
                                   updated_node: cst.SimpleStatementLine) -> Statements:
         if id(original_node) in self.owned:
-            return self._statement(original_node, updated_node)
+            rule, site = self.owned[id(original_node)]
+            edit = rule.port(site)
+            if edit is None:
+                return self._statement_left(original_node, updated_node, [updated_node])
+            return self.replaced(updated_node, edit.texts, edit.comments)
         small = single(original_node)
         if small is not None and horovod_import(small):
             self.imports.setdefault(code(small), self.line(original_node))
             return updated_node
         return self._statement_left(original_node, updated_node, [updated_node])
 
-    def _statement(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> Statements:
-        line = self.line(original)
-        if self._synchronize(original):
-            self.ctx.change(line, "optimizer.synchronize()", "removed: DDP has averaged the gradients when "
-                            "backward() returns")
-            return self.marker(updated)
-        call = called(original)
-        assert call is not None
-        api = self.ctx.names.api(call.func)
-        result = statements.RULES[str(api)](self, original, updated, call, line)
-        if result is None:
-            return self._statement_left(original, updated, [updated])
-        return result
-
-    def scope(self) -> cst.CSTNode:
+    def scope(self) -> Union[cst.Module, cst.FunctionDef]:
         """The function the rewrite is in, else the module."""
-        return self.functions[-1] if self.functions else self.planner_module
-
-    @property
-    def planner_module(self) -> cst.CSTNode:
+        if self.functions:
+            return self.functions[-1]
         assert self.module is not None
         return self.module
 
@@ -235,15 +203,11 @@ class Porter(cst.CSTTransformer):
     # -- compound statements ---------------------------------------------------------------------------------------
 
     def leave_With(self, original_node: cst.With, updated_node: cst.With) -> Statements:
-        if len(updated_node.items) == 1 and isinstance(updated_node.body, cst.IndentedBlock):
-            item = updated_node.items[0].item
-            if isinstance(item, cst.Call) and isinstance(item.func, cst.Attribute) and \
-                    item.func.attr.value == "skip_synchronize" and dotted(item.func.value) in self.wrap_targets:
-                self.ctx.change(self.line(original_node), "optimizer.skip_synchronize()", "unwrapped: DDP's "
-                                "optimizer has no synchronize() to skip")
-                body: List[cst.BaseStatement] = list(updated_node.body.body)
-                body[0] = with_above(body[0], [*updated_node.leading_lines, *above(body[0])])
-                return cst.FlattenSentinel(body)
+        if wrapped.skip_synchronize(updated_node, self.line(original_node), self.plan, self.ctx) is not None:
+            assert isinstance(updated_node.body, cst.IndentedBlock)
+            body: List[cst.BaseStatement] = list(updated_node.body.body)
+            body[0] = with_above(body[0], [*updated_node.leading_lines, *above(body[0])])
+            return cst.FlattenSentinel(body)
         return self._statement_left(original_node, updated_node, [i.item for i in updated_node.items])
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> Statements:
@@ -267,21 +231,14 @@ class Porter(cst.CSTTransformer):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         api = self.ctx.names.api(original_node.func)
-        if api is None:
+        rule = expressions.CALLS.get(api) if api is not None else None
+        if api is None or rule is None:
             return updated_node
-        line = self.line(original_node)
-        found: Optional[tuple[str, str]] = None
-        if api in expressions.QUERIES and not original_node.args:
-            found = expressions.QUERIES[api](self.ctx)
-        elif api == "init" and not original_node.args:
-            found = expressions.init(self.ctx)
-        elif api in ("allreduce", "allreduce_", "grouped_allreduce", "allgather", "allgather_object", "broadcast",
-                     "broadcast_", "broadcast_object"):
-            found = expressions.collective(self.ctx, api, updated_node)
+        found = rule(self.ctx, api, updated_node, self.bindings.scope_of(original_node))
         if found is None:
             return updated_node
         text, does = found
-        self.ctx.change(line, f"hvd.{api}", f"{code(original_node.func)}(...) -> {text}: {does}"
+        self.ctx.change(self.line(original_node), f"hvd.{api}", f"{code(original_node.func)}(...) -> {text}: {does}"
                         if original_node.args else f"{code(original_node)} -> {text}: {does}")
         return cst.parse_expression(text, config=self.config)
 
@@ -289,16 +246,15 @@ class Porter(cst.CSTTransformer):
         api = self.ctx.names.api(original_node)
         if api is not None:
             return self._constant(original_node, updated_node, api)
-        wrap = self._wrapped(original_node)
-        if wrap is None:
+        if original_node.attr.value in wrapped.DDP_SURFACE:
             return updated_node
-        attr = original_node.attr.value
-        checkpoint = " (checkpoints keep the model's own keys, without 'module.')" \
-            if attr in ("state_dict", "load_state_dict") else ""
-        self.ctx.change(self.line(original_node), "the model after the DDP wrap",
-                        f"{wrap.model}.{attr} -> {wrap.model}.module.{attr}: DDP holds the model as .module"
-                        + checkpoint)
-        return updated_node.with_changes(value=cst.Attribute(value=updated_node.value, attr=cst.Name("module")))
+        assert self.module is not None
+        reading = wrapped.Reading(original_node, self.line(original_node), tuple(self.functions),
+                                  tuple(self.classes), self.module)
+        through = wrapped.model_attribute(reading, self.plan, self.bindings, self.ctx)
+        if through is None:
+            return updated_node
+        return updated_node.with_changes(value=cst.Attribute(value=updated_node.value, attr=cst.Name(through.via)))
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         api = self.ctx.names.api(original_node)
@@ -312,38 +268,6 @@ class Porter(cst.CSTTransformer):
         self.ctx.change(self.line(original), f"hvd.{api}", f"{code(original)} -> {text}: {does}",
                         changes_training=otherwise is not None, effect=otherwise)
         return cst.parse_expression(text, config=self.config)
-
-    def _wrapped(self, attribute: cst.Attribute) -> Optional[Wrap]:
-        """The wrap whose model `attribute` reads after the wrap, for an attribute DDP does not answer itself."""
-        if attribute.attr.value in DDP_SURFACE:
-            return None
-        base = dotted(attribute.value)
-        for wrap in self.plan.wraps:
-            if wrap.model is None or wrap.model != base:
-                continue
-            scope = self.scope()
-            if scope is wrap.at.scope:
-                if self.line(attribute) > wrap.at.line:
-                    return wrap
-                continue
-            if base.startswith("self."):
-                if self.classes and any(s is wrap.at.scope for s in self._methods(self.classes[-1])):
-                    return wrap
-                continue
-            if isinstance(wrap.at.scope, cst.Module):
-                inner = self.functions
-            elif any(f is wrap.at.scope for f in self.functions):
-                inner = self.functions[[id(f) for f in self.functions].index(id(wrap.at.scope)) + 1:]
-            else:
-                continue
-            if not any(base.split(".")[0] in self._locals_of(f) for f in inner):
-                return wrap
-        return None
-
-    @staticmethod
-    def _methods(cls: cst.ClassDef) -> List[cst.CSTNode]:
-        body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
-        return [s for s in body if isinstance(s, cst.FunctionDef)]
 
     # -- blocks: removed statements leave their blank lines, and no block is left empty -------------------------------
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Set
 
 import libcst as cst
+from libcst.metadata import Scope
 
-from .names import HorovodNames
+from .names import HorovodNames, dotted
 
 #: why a Horovod API has no rewrite, by its first name
 REASONS = {
@@ -40,19 +41,39 @@ def reason(api: str) -> str:
 
 
 class _References(cst.CSTVisitor):
-    def __init__(self, names: HorovodNames) -> None:
+    def __init__(self, names: HorovodNames, scope: Optional[Scope]) -> None:
         self.names = names
+        self.scope = scope
         self.found: List[cst.BaseExpression] = []
+        #: the parameters of the lambdas around a node: their names are not the script's Horovod
+        self.shadowed: List[Set[str]] = []
+
+    def _horovod(self, name: Optional[str]) -> bool:
+        head = (name or "").split(".")[0]
+        return not any(head in names for names in self.shadowed)
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
-        if self.names.api(node) is not None:
+        if self.names.api(node, self.scope) is not None and self._horovod(dotted(node)):
             self.found.append(node)
             return False
         return True
 
     def visit_Name(self, node: cst.Name) -> None:
-        if node.value in self.names.aliases:
+        if self.names.module_of(node.value, self.scope) is not None and self._horovod(node.value):
             self.found.append(node)
+
+    def visit_Param(self, node: cst.Param) -> bool:
+        # a parameter's name is bound, not read: only its annotation and default can name Horovod
+        for part in (node.annotation, node.default):
+            if part is not None:
+                part.visit(self)
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        self.shadowed.append({param.name.value for param in node.params.params})
+
+    def leave_Lambda(self, original_node: cst.Lambda) -> None:
+        self.shadowed.pop()
 
     def visit_Import(self, node: cst.Import) -> bool:
         return False
@@ -64,9 +85,9 @@ class _References(cst.CSTVisitor):
         return False  # a compound statement's body is judged statement by statement
 
 
-def references(names: HorovodNames, parts: Sequence[cst.CSTNode]) -> List[cst.BaseExpression]:
-    """The Horovod references in `parts` (not in nested blocks)."""
-    finder = _References(names)
+def references(names: HorovodNames, parts: Sequence[cst.CSTNode], scope: Optional[Scope]) -> List[cst.BaseExpression]:
+    """The Horovod references in `parts` (not in nested blocks), read in `scope`."""
+    finder = _References(names, scope)
     for part in parts:
         part.visit(finder)
     return finder.found

@@ -408,6 +408,39 @@ def test_porting_a_port_changes_nothing(source):
     assert twice.code == once and not twice.report.changes
 
 
+def test_a_local_named_like_horovod_is_the_scripts_own_and_stays():
+    source = """
+        class Helper:
+            def rank(self):
+                return 0
+
+
+        def by_parameter(hvd):
+            return hvd.rank()
+
+
+        def by_assignment():
+            hvd = Helper()
+            return hvd.rank()
+
+
+        def by_lambda():
+            return (lambda hvd: hvd.rank())(Helper())
+
+
+        def reads_horovod():
+            return hvd.rank()
+
+
+        hvd.init()
+    """
+    code, report = ported(source)
+    kept = textwrap.dedent(source).split("def reads_horovod")[0]
+    assert kept in code and "import horovod" not in code
+    assert "def reads_horovod():\n    return dist.get_rank()" in code
+    assert report.exit_code == 0 and [c.line for c in report.changes if c.rule == "hvd.rank"] == [23]
+
+
 def test_a_name_the_script_already_binds_is_not_reused():
     code, _ = ported("dist = 3\nprint(hvd.rank(), dist)\n")
     assert "import torch.distributed as torch_dist\n" in code and "print(torch_dist.get_rank(), dist)" in code
