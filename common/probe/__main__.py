@@ -26,7 +26,6 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any, Dict, List, NoReturn, Optional
 
-from ..config import positive_int
 from ..errors import OneLineParser, print_error
 from ..launch import userscript
 from ..launch.placement import detect
@@ -44,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "and, where the script's gradients are exchanged at a lower precision, each reduced "
                         "gradient one unit of that precision at every step (the noise floor's disturbance)")
     p.add_argument("--perturb-pattern", type=int, default=1, metavar="P", help="which way each tensor moves")
-    p.add_argument("--max-steps", type=positive_int, default=None, metavar="N",
+    p.add_argument("--max-steps", type=int, default=None, metavar="N",
                    help="end the script after its N-th training step, as if it ended there: every rank stops at the "
                         "same step and rank 0 writes the complete run directory (a run of N steps of a script whose "
                         "epochs are longer)")
@@ -73,7 +72,10 @@ def refuse(message: str) -> NoReturn:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.max_steps is not None and args.max_steps < 1:
+        parser.error(f"argument --max-steps: must be a positive integer, got {args.max_steps}")
     code = userscript.UserCode(args.script, tuple(args.args))
     problem = userscript.check(code)
     if problem:
