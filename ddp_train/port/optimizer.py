@@ -122,9 +122,10 @@ def _compression(ctx: Context, value: cst.BaseExpression, model: str, line: int)
 
 
 def wrap_statements(ctx: Context, options: Dict[str, cst.BaseExpression], model: str, line: int,
-                    backward_sites: int) -> Tuple[List[str], List[str]]:
+                    backward_sites: int, option_lines: Optional[Dict[str, int]] = None) -> Tuple[List[str], List[str]]:
     """The statements that replace hvd.DistributedOptimizer(...) for `model` (the DDP wrap first), and the
-    `# port:` comments for what of its options cannot be ported."""
+    `# port:` comments for what of its options cannot be ported; what is said of `op` is said at its line
+    (`option_lines`)."""
     ddp = ctx.name("DDP")
     ctx.imports.add("DDP")
     statements = [f"{model} = {ddp}({model}, forward_sync_buffers=False)", f"{ctx.helper('keep_model_keys')}({model})"]
@@ -147,7 +148,7 @@ def wrap_statements(ctx: Context, options: Dict[str, cst.BaseExpression], model:
         else:
             hooks += hook
     if "op" in options:
-        guards, op_hooks = _op(ctx, options["op"], model, line, comments)
+        guards, op_hooks = _op(ctx, options["op"], model, (option_lines or {}).get("op", line), comments)
         if op_hooks and hooks:
             ctx.leave(line, options["op"], "op=hvd.Sum with compression: DDP takes one communication hook; write "
                       "one that compresses and sums")
@@ -187,8 +188,9 @@ def _op(ctx: Context, op: cst.BaseExpression, model: str, line: int,
             test = code(op.test)
             condition = test if branches[0] == "Adasum" else f"not ({test})"
             message = ctx.string("DDP has no Adasum (op=hvd.Adasum): run without it; DDP averages the gradients")
-            ctx.leave(line, op, f"DDP has no Adasum: the port averages the gradients, and stops with a message "
-                      f"when {condition}")
+            # Ported, not left: the port averages, as the script does unless asked for Adasum, and refuses that
+            ctx.change(line, "op", f"op={code(op)} -> DDP's average, and a stop with a message when {condition}: "
+                       "DDP has no Adasum")
             return [f"if {condition}:\n    raise SystemExit({message})"], []
     reason = "DDP has no Adasum: the port averages the gradients (retune the learning rate)" \
         if api == "Adasum" else "an op other than hvd.Average or hvd.Sum: DDP averages the gradients"

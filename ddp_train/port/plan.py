@@ -54,6 +54,8 @@ class Wrap:
     at: Placed
     #: the backward passes the port runs under no_sync for this wrap (backward_passes_per_step; port.accumulation)
     no_sync_sites: int = 0
+    #: the line each option is written on (a call over several lines reports an option where it is)
+    option_lines: Dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -172,8 +174,10 @@ class Planner(cst.CSTVisitor):
                 continue
             model = _model_of_parameters(options.get("named_parameters"), ("named_parameters",)) or \
                 self._model_of_optimizer(options["optimizer"], placed)
+            where = {key: self.get_metadata(PositionProvider, value, None) for key, value in options.items()}
+            lines = {key: found.start.line for key, found in where.items() if found is not None}
             self.plan.wraps.append(Wrap(placed, code(small.targets[0].target), options, model,
-                                        self._wrap_place(placed, model)))
+                                        self._wrap_place(placed, model), option_lines=lines))
 
     def _model_of_optimizer(self, optimizer: cst.BaseExpression, placed: Placed) -> Optional[str]:
         """The model whose parameters() the optimizer was built with."""

@@ -20,7 +20,8 @@ Result = Optional[Replace]
 def wrap_of(site: StatementSite, wrap: Wrap) -> tuple[List[str], List[str]]:
     """The statements of the DDP wrap that replaces `wrap`, and the `# port:` comments above them."""
     assert wrap.model is not None
-    return optimizer.wrap_statements(site.port, wrap.options, wrap.model, site.line, wrap.no_sync_sites)
+    return optimizer.wrap_statements(site.port, wrap.options, wrap.model, site.line, wrap.no_sync_sites,
+                                     wrap.option_lines)
 
 
 def distributed_optimizer(site: StatementSite) -> Result:

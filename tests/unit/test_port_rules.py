@@ -185,7 +185,7 @@ def test_a_compression_variable_registers_the_hook_it_holds():
     assert code.endswith("if compression is not None:\n    model.register_comm_hook(None, compression)\n")
 
 
-def test_op_sum_registers_a_summing_hook_and_adasum_is_refused_at_run_time_and_listed():
+def test_op_sum_registers_a_summing_hook_and_a_conditional_adasum_is_refused_at_run_time_at_its_line():
     code, report = ported("""
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Sum)
     """)
@@ -198,7 +198,12 @@ def test_op_sum_registers_a_summing_hook_and_adasum_is_refused_at_run_time_and_l
     assert code.endswith('if args.use_adasum:\n    raise SystemExit("DDP has no Adasum (op=hvd.Adasum): run without '
                          'it; DDP averages the gradients")\nmodel = DDP(model, forward_sync_buffers=False)\n'
                          'keep_model_keys(model)\n')
-    assert report.exit_code == 1 and "Adasum" in report.unported[0].reason and "horovod" not in code
+    # ported, not left: the port averages, as the script does without the flag, and stops with it; said at op's line
+    assert report.exit_code == 0 and not report.unported and "horovod" not in code
+    (wrap,) = [c for c in report.changes if c.rule == "hvd.DistributedOptimizer"]
+    (op,) = [c for c in report.changes if c.rule == "op"]
+    assert op.line == wrap.line + 1 and "Adasum" in op.text and "args.use_adasum" in op.text
+    assert not op.changes_training
     assert "gradient_predivide_factor" in rules(report)
 
 
