@@ -22,17 +22,18 @@ The modules, each owning one thing:
     messages        requests, responses and their framing on a socket
     settings        the Horovod environment variables honoured
     handles         handles, poll, synchronize
-    ops             the collectives (allreduce ... barrier) and their gradients
+    mpi_ops         the collectives (allreduce ... barrier) and their gradients (Horovod's horovod/torch/mpi_ops.py)
     process_sets    ProcessSet and the sets that exist
     sets            adding and removing process sets (a collective)
-    objects         broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
+    functions       broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
     optimizer       DistributedOptimizer
     compression     Compression.none / fp16
     sync_batch_norm SyncBatchNorm (CPU and CUDA)
     elastic         hvd.elastic on torchrun's restarts
     timeline        the timeline (a Chrome trace of the collectives)
     threads         horovod.runner.util.threads.in_thread
-    dtypes, errors  Horovod's types, ops, exceptions and messages
+    dtypes          Horovod's types and reduction ops
+    exceptions      Horovod's exceptions and the texts of its errors
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ import cloudpickle
 import torch
 
 from . import runtime
-from .errors import HorovodInternalError, HostsUpdatedInterrupt
-from .objects import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
 PROG = "horovod_api"
 

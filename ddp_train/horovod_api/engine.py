@@ -24,7 +24,7 @@ import torch
 from . import execute
 from .cycle import RankCycle
 from .dtypes import DTYPES
-from .errors import DUPLICATE_NAME, SHUT_DOWN, HorovodInternalError
+from .exceptions import DUPLICATE_NAME, SHUT_DOWN, HorovodInternalError
 from .handles import Handle
 from .messages import (ADD_SET, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, ERROR, JOIN, REDUCESCATTER,
                        REMOVE_SET, Channel, Request, Response, read_responses, requests_message)

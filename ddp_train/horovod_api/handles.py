@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .errors import HorovodInternalError
+from .exceptions import HorovodInternalError
 
 #: how long one wait of synchronize() lasts before it checks the engine again (seconds)
 WAIT_SLICE_S = 0.25

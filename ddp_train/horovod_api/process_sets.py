@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-from .errors import NOT_A_MEMBER, NOT_INITIALIZED, UNKNOWN_SET
+from .exceptions import NOT_A_MEMBER, NOT_INITIALIZED, UNKNOWN_SET
 
 #: set id -> its ranks, for the sets that exist now (None before init and after shutdown)
 _registry: Optional[Dict[int, List[int]]] = None

@@ -29,7 +29,7 @@ from . import coordinator as coordination
 from . import process_sets as sets
 from .cycle import RankCycle
 from .engine import Cycling, Engine
-from .errors import NOT_INITIALIZED
+from .exceptions import NOT_INITIALIZED
 from .execute import Communicator, agree
 from .handles import HandleTable
 from .messages import ADD_SET, Channel, Response

@@ -7,9 +7,9 @@ import os
 from typing import List, Sequence, Union
 
 from . import runtime
-from .errors import DYNAMIC_PROCESS_SETS, DYNAMIC_PROCESS_SETS_REMOVE
+from .exceptions import DYNAMIC_PROCESS_SETS, DYNAMIC_PROCESS_SETS_REMOVE
 from .messages import ADD_SET, REMOVE_SET
-from .ops import _control, synchronize
+from .mpi_ops import _control, synchronize
 from .process_sets import ProcessSet, global_process_set, members
 
 

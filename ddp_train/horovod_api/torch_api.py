@@ -8,10 +8,10 @@ import torch.distributed as dist
 
 from . import elastic
 from .compression import Compression
-from .errors import HorovodInternalError, HostsUpdatedInterrupt
-from .objects import (allgather_object, broadcast_object, broadcast_optimizer_state,
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                       broadcast_parameters)
-from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
+from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
                   allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
                   broadcast_, broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
                   grouped_allreduce, grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,

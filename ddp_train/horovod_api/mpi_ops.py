@@ -18,8 +18,8 @@ from .arithmetic import alltoall_splits
 from .compression import Compression
 from .dtypes import ADASUM, AVERAGE, CPU_DEVICE, MAX, MIN, PRODUCT, SUM, TYPE_NAMES, check_supported, device_id
 from .engine import Entry
-from .errors import ADASUM as ADASUM_REFUSED
-from .errors import HorovodInternalError
+from .exceptions import ADASUM as ADASUM_REFUSED
+from .exceptions import HorovodInternalError
 from .handles import Handle
 from .messages import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER, Request
 from .process_sets import ProcessSet, global_process_set, members

@@ -11,7 +11,7 @@ import cloudpickle
 import torch
 
 from . import runtime
-from .ops import allgather, broadcast_, broadcast_async_, synchronize
+from .mpi_ops import allgather, broadcast_, broadcast_async_, synchronize
 from .process_sets import ProcessSet, global_process_set
 
 
