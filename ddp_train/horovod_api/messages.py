@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 # The kinds of collectives (Horovod's Request::RequestType names), and the API's own control kinds.
-ALLREDUCE, ALLGATHER, BROADCAST, JOIN, ADASUM = "ALLREDUCE", "ALLGATHER", "BROADCAST", "JOIN", "ADASUM"
+ALLREDUCE, ALLGATHER, BROADCAST, JOIN = "ALLREDUCE", "ALLGATHER", "BROADCAST", "JOIN"
 ALLTOALL, BARRIER, REDUCESCATTER = "ALLTOALL", "BARRIER", "REDUCESCATTER"
 ADD_SET, REMOVE_SET, ERROR = "ADD_PROCESS_SET", "REMOVE_PROCESS_SET", "ERROR"
 #: the kinds that reduce, and so check scale factors
-REDUCING = (ALLREDUCE, ADASUM, REDUCESCATTER)
+REDUCING = (ALLREDUCE, REDUCESCATTER)
 
 
 @dataclass
@@ -82,10 +82,6 @@ def fields_of(message: Any) -> Dict[str, Any]:
 
 def requests_message(requests: List[Request]) -> Dict[str, Any]:
     return {"type": "requests", "requests": [fields_of(r) for r in requests]}
-
-
-def responses_message(responses: List[Response]) -> Dict[str, Any]:
-    return {"type": "responses", "responses": [fields_of(r) for r in responses]}
 
 
 def read_requests(message: Dict[str, Any]) -> List[Request]:

@@ -18,8 +18,7 @@ from .arithmetic import alltoall_splits
 from .compression import Compression
 from .dtypes import ADASUM, AVERAGE, CPU_DEVICE, MAX, MIN, PRODUCT, SUM, TYPE_NAMES, check_supported, device_id
 from .engine import Entry
-from .exceptions import ADASUM as ADASUM_REFUSED
-from .exceptions import HorovodInternalError
+from .exceptions import ADASUM_REFUSED, HorovodInternalError
 from .handles import Handle
 from .messages import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER, Request
 from .process_sets import ProcessSet, global_process_set, members
@@ -143,7 +142,7 @@ def synchronize(handle: int) -> Any:
 
 
 # --- allreduce ----------------------------------------------------------------------------------------------------
-def _check_reduction(op: int, process_set: ProcessSet) -> None:
+def _check_reduction(op: int) -> None:
     if op == ADASUM:
         raise NotImplementedError(ADASUM_REFUSED)
     if op not in (AVERAGE, SUM, MIN, MAX, PRODUCT):
@@ -152,7 +151,7 @@ def _check_reduction(op: int, process_set: ProcessSet) -> None:
 
 def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: Optional[str], op: int, prescale_factor: float,
                      postscale_factor: float, process_set: ProcessSet, checked: bool = False) -> int:
-    _check_reduction(op, process_set)
+    _check_reduction(op)
     check_supported(tensor, reducing=True)
     return _enqueue(ALLREDUCE, "allreduce", [tensor], [output], name, process_set, _single, op=op,
                     prescale=prescale_factor, postscale=postscale_factor, checked=checked)
@@ -221,7 +220,7 @@ def _check_group(tensors: Sequence[torch.Tensor], reducing: bool) -> None:
 def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name: Optional[str],
                              op: int, prescale_factor: float, postscale_factor: float,
                              process_set: ProcessSet) -> int:
-    _check_reduction(op, process_set)
+    _check_reduction(op)
     _check_group(tensors, reducing=True)
     return _enqueue(ALLREDUCE, "grouped_allreduce", list(tensors), list(outputs), name, process_set, list,
                     grouped=True, op=op, prescale=prescale_factor, postscale=postscale_factor)

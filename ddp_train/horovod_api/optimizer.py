@@ -21,7 +21,7 @@ import torch
 from . import runtime
 from .compression import Compression
 from .dtypes import ADASUM, AVERAGE
-from .exceptions import ADASUM as ADASUM_REFUSED
+from .exceptions import ADASUM_REFUSED
 from .functions import broadcast_object
 from .mpi_ops import _allreduce_async, grouped_allreduce_async_, sparse_allreduce_async, synchronize
 from .process_sets import ProcessSet, global_process_set

@@ -205,7 +205,7 @@ def _on_closed(gen: int) -> None:
         STATE.ended_elsewhere = True
 
 
-def _set_communicator(gen: int, ps: int) -> Communicator:
+def _set_communicator(ps: int) -> Communicator:
     """The groups of process set `ps` (engine thread)."""
     world = STATE.world
     assert world is not None
