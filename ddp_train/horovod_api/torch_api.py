@@ -11,19 +11,18 @@ from .compression import Compression
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                       broadcast_parameters)
+from .enqueue import poll, synchronize
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
-                  allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
-                  broadcast_, broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
-                  grouped_allreduce, grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
-                  grouped_reducescatter, grouped_reducescatter_async, handle_average_backwards_compatibility, join,
-                  poll, reducescatter, reducescatter_async, sparse_allreduce_async, synchronize)
+                      allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
+                      broadcast_, broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
+                      grouped_allreduce, grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
+                      grouped_reducescatter, grouped_reducescatter_async, handle_average_backwards_compatibility,
+                      init, join, reducescatter, reducescatter_async, sparse_allreduce_async)
 from .optimizer import DistributedOptimizer
-from .process_sets import ProcessSet, global_process_set
-from .runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
-                      local_size, rank, shutdown, size)
-from .sets import add_process_set, remove_process_set
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .runtime import (cross_rank, cross_size, is_homogeneous, is_initialized, local_rank, local_size, rank, shutdown,
+                      size, start_timeline, stop_timeline)
 from .sync_batch_norm import SyncBatchNorm
-from .timeline import start_timeline, stop_timeline
 
 # What `import horovod.torch as hvd` offers: Horovod's names, from the modules that implement them here.
 __all__ = ["elastic", "Compression", "HorovodInternalError", "HostsUpdatedInterrupt", "allgather_object",
