@@ -331,6 +331,7 @@ def start_configured_timeline() -> None:
 
 
 def topology() -> Topology:
+    """This process's place in the job (ValueError before init())."""
     world = active().world
     assert world is not None
     return world.topology

@@ -45,10 +45,12 @@ def mpi_built() -> bool:
 
 
 def mpi_enabled() -> bool:
+    """False: no MPI."""
     return False
 
 
 def mpi_threads_supported() -> bool:
+    """Raises, as Horovod does without MPI."""
     raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
 
 
@@ -58,6 +60,7 @@ def gloo_built() -> bool:
 
 
 def gloo_enabled() -> bool:
+    """True: the API's collectives run on Gloo (and NCCL for CUDA tensors)."""
     return dist.is_gloo_available()
 
 
@@ -70,10 +73,12 @@ def nccl_built() -> int:
 
 
 def ddl_built() -> bool:
+    """False: no IBM DDL."""
     return False
 
 
 def ccl_built() -> bool:
+    """False: no oneCCL."""
     return False
 
 
@@ -83,6 +88,7 @@ def cuda_built() -> bool:
 
 
 def rocm_built() -> bool:
+    """Whether torch runs on ROCm (HIP) with a device."""
     return torch.cuda.is_available() and getattr(torch.version, "hip", None) is not None
 
 
