@@ -1,4 +1,4 @@
-"""Handles of asynchronous collectives: Horovod's integer handles, `poll` and `synchronize`.
+"""Handles of asynchronous collectives: Horovod's integer handles, what `poll` and `synchronize` (enqueue.py) look at.
 
 A handle's parts (one per tensor of a grouped call) complete on the API's engine thread; `synchronize` waits on the
 caller's thread, in short waits so that Ctrl-C and a lost job still reach it, and on CUDA makes the caller's stream
