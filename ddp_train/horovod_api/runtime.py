@@ -1,4 +1,4 @@
-"""hvd.init() and hvd.shutdown(), and who this process is in the job.
+"""The start of a generation (hvd.init()'s first step) and hvd.shutdown(), and who this process is in the job.
 
 The first init() joins the job on torch.distributed: the rendezvous is ddp_train's own (DDPBackend: torchrun's
 variables, or Slurm's and Open MPI's with MASTER_ADDR/MASTER_PORT), then the API makes process groups of its own
