@@ -9,7 +9,8 @@ as the `hvd_ddp_compare.apis` entry point `horovod`, which the probe uses). docs
 The modules, each owning one thing:
     aliases         Horovod's module names in sys.modules, and the refusal of the others
     torch_api       the module a script gets as horovod.torch
-    runtime         init / shutdown, ranks and hosts, the process groups, the coordinator and engine
+    runtime         a generation's start and end (hvd.shutdown), ranks and hosts, the process groups, the coordinator
+                    and engine, the registry of the process sets that exist, starting and stopping the timeline
     negotiation     rank 0's negotiation, without sockets or threads: which collectives every rank asked for, their
                     order, fusion, joins, errors, stalls (requests in, responses out)
     coordinator     the socket and thread shell around the negotiation, on rank 0
@@ -20,19 +21,21 @@ The modules, each owning one thing:
     execute         the data of each collective on torch.distributed
     arithmetic      Horovod's scaling (pre/postscale, Average), reducescatter and alltoall splits
     messages        requests, responses and their framing on a socket
-    settings        the Horovod environment variables honoured
-    handles         handles, poll, synchronize
-    ops             the collectives (allreduce ... barrier) and their gradients
-    process_sets    ProcessSet and the sets that exist
-    sets            adding and removing process sets (a collective)
-    objects         broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
+    settings        every Horovod environment variable the API reads (Settings)
+    handles         handles: a call's parts, its result or error, the numbering
+    enqueue         the one way a collective is asked for (submit), poll, synchronize
+    mpi_ops         hvd.init, the collectives (allreduce ... barrier) and their gradients (horovod/torch/mpi_ops.py)
+    process_sets    ProcessSet, the global set, adding and removing sets (horovod/common/process_sets.py)
+    functions       broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
+                    (horovod/torch/functions.py)
     optimizer       DistributedOptimizer
     compression     Compression.none / fp16
     sync_batch_norm SyncBatchNorm (CPU and CUDA)
     elastic         hvd.elastic on torchrun's restarts
-    timeline        the timeline (a Chrome trace of the collectives)
+    timeline        the timeline (a Chrome trace of the collectives), recorded as runtime starts and stops it
     threads         horovod.runner.util.threads.in_thread
-    dtypes, errors  Horovod's types, ops, exceptions and messages
+    dtypes          Horovod's types and reduction ops
+    exceptions      Horovod's exceptions and the texts of its errors (horovod/common/exceptions.py)
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ import sys
 import types
 from typing import Dict, Optional, Sequence
 
-from . import compression, elastic, errors, objects, optimizer, process_sets, sync_batch_norm, threads, torch_api
+from . import (compression, elastic, exceptions, functions, optimizer, process_sets, sync_batch_norm, threads,
+               torch_api)
 
 #: the version of Horovod whose API this is
 HOROVOD_VERSION = "0.28.1"
@@ -33,8 +34,8 @@ def _modules() -> Dict[str, types.ModuleType]:
     root = _namespace("horovod", "Horovod's API on torch.distributed (hvd-ddp-compare).", __version__=HOROVOD_VERSION,
                       run=_run)
     common = _namespace("horovod.common", "Horovod's exceptions and process sets.",
-                        HorovodInternalError=errors.HorovodInternalError,
-                        HostsUpdatedInterrupt=errors.HostsUpdatedInterrupt)
+                        HorovodInternalError=exceptions.HorovodInternalError,
+                        HostsUpdatedInterrupt=exceptions.HostsUpdatedInterrupt)
     runner = _namespace("horovod.runner", "Horovod's runner: its thread helper only.")
     runner_util = _namespace("horovod.runner.util", "Horovod's runner utilities: its thread helper only.")
     return {
@@ -43,11 +44,11 @@ def _modules() -> Dict[str, types.ModuleType]:
         "horovod.torch.mpi_ops": torch_api,
         "horovod.torch.optimizer": optimizer,
         "horovod.torch.compression": compression,
-        "horovod.torch.functions": objects,
+        "horovod.torch.functions": functions,
         "horovod.torch.sync_batch_norm": sync_batch_norm,
         "horovod.torch.elastic": elastic,
         "horovod.common": common,
-        "horovod.common.exceptions": errors,
+        "horovod.common.exceptions": exceptions,
         "horovod.common.process_sets": process_sets,
         "horovod.runner": runner,
         "horovod.runner.util": runner_util,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from .dtypes import DTYPES
-from .messages import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, ADASUM, REDUCESCATTER, REDUCING, Request
+from .messages import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER, REDUCING, Request
 
 #: what Horovod says of each kind of collective that cannot run while ranks have joined
 NOT_WITH_JOIN = {
@@ -62,7 +62,7 @@ def mismatch(requests: Sequence[Request], joined: int = 0, fusion_threshold: int
     other = _first_difference(requests, lambda r: r.kind)
     if other is not None:
         return f"Mismatched operations: One rank did an {kind}, but another rank did an {other.kind}."
-    if kind in (ALLREDUCE, ADASUM, BROADCAST, REDUCESCATTER):
+    if kind in (ALLREDUCE, BROADCAST, REDUCESCATTER):
         other = _first_difference(requests, lambda r: list(r.shape))
         if other is not None:
             return (f"Mismatched {kind} tensor shapes: One rank sent a tensor of shape {shape_text(first.shape)}, "

@@ -47,6 +47,7 @@ def to_signed(words: Sequence[int]) -> List[int]:
 
 
 def to_unsigned(words: Sequence[int]) -> List[int]:
+    """int64 values (a tensor's) as the unsigned 64-bit words they hold."""
     return [w & ALL_ONES for w in words]
 
 

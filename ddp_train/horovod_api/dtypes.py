@@ -19,7 +19,6 @@ REDUCIBLE: FrozenSet[torch.dtype] = frozenset({torch.int32, torch.int64, torch.f
 
 # Horovod's reduction ops, with the values of its ReduceOp enum (hvd.Average == 0, ...).
 AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4, 5
-OP_NAMES = {AVERAGE: "AVERAGE", SUM: "SUM", ADASUM: "ADASUM", MIN: "MIN", MAX: "MAX", PRODUCT: "PRODUCT"}
 
 #: the device a request names for CPU tensors (Horovod's CPU_DEVICE_ID)
 CPU_DEVICE = -1

@@ -30,8 +30,8 @@ import cloudpickle
 import torch
 
 from . import runtime
-from .errors import HorovodInternalError, HostsUpdatedInterrupt
-from .objects import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
 PROG = "horovod_api"
 
@@ -281,7 +281,7 @@ def _write_commit(state: State) -> None:
     if folder is None or state._commits == 0:
         return
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"commit-rank{runtime.STATE.world.topology.rank if runtime.STATE.world else 0}.pt")
+    path = os.path.join(folder, f"commit-rank{max(runtime.this_rank(), 0)}.pt")
     buffer = io.BytesIO()
     torch.save(state._snapshot(), buffer)
     with open(path + ".tmp", "wb") as out:

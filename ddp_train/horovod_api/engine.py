@@ -24,7 +24,7 @@ import torch
 from . import execute
 from .cycle import RankCycle
 from .dtypes import DTYPES
-from .errors import DUPLICATE_NAME, SHUT_DOWN, HorovodInternalError
+from .exceptions import DUPLICATE_NAME, SHUT_DOWN, HorovodInternalError
 from .handles import Handle
 from .messages import (ADD_SET, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, ERROR, JOIN, REDUCESCATTER,
                        REMOVE_SET, Channel, Request, Response, read_responses, requests_message)
@@ -63,11 +63,11 @@ class Entry:
 
 
 class Engine:
-    """Requests out, responses in and run. `communicator(gen, ps)` gives a process set's Communicator;
+    """Requests out, responses in and run. `communicator(ps)` gives a process set's Communicator;
     `on_set(response)` registers a process set the coordinator added or removed; `join_device()` is where this
     rank's zeros go while it has joined."""
 
-    def __init__(self, channel: Channel, rank: int, communicator: Callable[[int, int], execute.Communicator],
+    def __init__(self, channel: Channel, rank: int, communicator: Callable[[int], execute.Communicator],
                  on_set: Callable[[Response], None], join_device: Callable[[], int], silence_s: float,
                  on_event: Optional[Callable[[str, str, bool], None]] = None,
                  on_closed: Optional[Callable[[int], None]] = None, cycling: Optional[Cycling] = None) -> None:
@@ -318,7 +318,7 @@ class Engine:
         """The groups of the response's process set, or None where this rank is not in it (with the cache on,
         every rank hears every response)."""
         try:
-            comm = self.communicator(response.gen, response.ps)
+            comm = self.communicator(response.ps)
         except KeyError:
             return None
         return comm if comm.set_rank >= 0 else None

@@ -1,4 +1,4 @@
-"""Handles of asynchronous collectives: Horovod's integer handles, `poll` and `synchronize`.
+"""Handles of asynchronous collectives: Horovod's integer handles, what `poll` and `synchronize` (enqueue.py) look at.
 
 A handle's parts (one per tensor of a grouped call) complete on the API's engine thread; `synchronize` waits on the
 caller's thread, in short waits so that Ctrl-C and a lost job still reach it, and on CUDA makes the caller's stream
@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .errors import HorovodInternalError
+from .exceptions import HorovodInternalError
 
 #: how long one wait of synchronize() lasts before it checks the engine again (seconds)
 WAIT_SLICE_S = 0.25

@@ -4,6 +4,7 @@ both on a socket (length-prefixed JSON of these dataclasses' fields: plain data,
 
 from __future__ import annotations
 
+import collections
 import json
 import socket
 import struct
@@ -12,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 # The kinds of collectives (Horovod's Request::RequestType names), and the API's own control kinds.
-ALLREDUCE, ALLGATHER, BROADCAST, JOIN, ADASUM = "ALLREDUCE", "ALLGATHER", "BROADCAST", "JOIN", "ADASUM"
+ALLREDUCE, ALLGATHER, BROADCAST, JOIN = "ALLREDUCE", "ALLGATHER", "BROADCAST", "JOIN"
 ALLTOALL, BARRIER, REDUCESCATTER = "ALLTOALL", "BARRIER", "REDUCESCATTER"
 ADD_SET, REMOVE_SET, ERROR = "ADD_PROCESS_SET", "REMOVE_PROCESS_SET", "ERROR"
 #: the kinds that reduce, and so check scale factors
-REDUCING = (ALLREDUCE, ADASUM, REDUCESCATTER)
+REDUCING = (ALLREDUCE, REDUCESCATTER)
 
 
 @dataclass
@@ -81,66 +82,29 @@ def fields_of(message: Any) -> Dict[str, Any]:
 
 
 def requests_message(requests: List[Request]) -> Dict[str, Any]:
+    """A rank's requests as one message to the coordinator."""
     return {"type": "requests", "requests": [fields_of(r) for r in requests]}
 
 
-def responses_message(responses: List[Response]) -> Dict[str, Any]:
-    return {"type": "responses", "responses": [fields_of(r) for r in responses]}
-
-
 def read_requests(message: Dict[str, Any]) -> List[Request]:
+    """The requests of a message requests_message() made."""
     return [Request(**r) for r in message["requests"]]
 
 
 def read_responses(message: Dict[str, Any]) -> List[Response]:
+    """The responses of a coordinator's "responses" message."""
     return [Response(**r) for r in message["responses"]]
 
 
-class Channel:
-    """A socket carrying frames both ways: sends from any thread (one at a time), receives from one."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = sock
-        self._send_lock = threading.Lock()
-        self._buffer = b""
-
-    def send(self, message: Dict[str, Any]) -> None:
-        frame = encode(message)
-        with self._send_lock:
-            self.sock.sendall(frame)
-
-    def recv(self) -> Optional[Dict[str, Any]]:
-        """The next message, or None once the other end closed."""
-        while True:
-            if len(self._buffer) >= 4:
-                (length,) = struct.unpack("!I", self._buffer[:4])
-                if len(self._buffer) >= 4 + length:
-                    body, self._buffer = self._buffer[4:4 + length], self._buffer[4 + length:]
-                    return json.loads(body)
-            try:
-                chunk = self.sock.recv(1 << 16)
-            except OSError:
-                return None
-            if not chunk:
-                return None
-            self._buffer += chunk
-
-    def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-
-
 class FrameReader:
-    """Frames arriving on a non-blocking socket, for the coordinator's loop: feed() what was read, take whole ones."""
+    """The one decoder of frames: feed() what a socket gave, take the whole messages it completed (the coordinator's
+    non-blocking loop and each rank's Channel both read through it)."""
 
     def __init__(self) -> None:
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> List[Dict[str, Any]]:
+        """The messages whose frames `data` completes, in order (a partial frame waits for the next data)."""
         self._buffer += data
         messages = []
         while len(self._buffer) >= 4:
@@ -150,3 +114,39 @@ class FrameReader:
             messages.append(json.loads(bytes(self._buffer[4:4 + length])))
             del self._buffer[:4 + length]
         return messages
+
+
+class Channel:
+    """A socket carrying frames both ways: sends from any thread (one at a time), receives from one."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self._send_lock = threading.Lock()
+        self._reader = FrameReader()
+        self._ready: "collections.deque[Dict[str, Any]]" = collections.deque()  # decoded, not yet taken, in order
+
+    def send(self, message: Dict[str, Any]) -> None:
+        """Send one message as one frame (OSError once the other end is gone)."""
+        frame = encode(message)
+        with self._send_lock:
+            self.sock.sendall(frame)
+
+    def recv(self) -> Optional[Dict[str, Any]]:
+        """The next message, or None once the other end closed."""
+        while not self._ready:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            self._ready.extend(self._reader.feed(chunk))
+        return self._ready.popleft()
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()

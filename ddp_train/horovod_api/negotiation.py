@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from . import checks
 from .dtypes import DTYPES
-from .errors import SHUT_DOWN
+from .exceptions import SHUT_DOWN
 from .messages import ADD_SET, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, ERROR, JOIN, REDUCESCATTER, \
     REMOVE_SET, Request, Response
 from .settings import Settings

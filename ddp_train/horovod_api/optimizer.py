@@ -11,7 +11,6 @@ keep their shapes, so later steps' allreduces skip them."""
 
 from __future__ import annotations
 
-import os
 import warnings
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Sequence, Set, Tuple
@@ -21,9 +20,10 @@ import torch
 from . import runtime
 from .compression import Compression
 from .dtypes import ADASUM, AVERAGE
-from .errors import ADASUM as ADASUM_REFUSED
-from .objects import broadcast_object
-from .ops import _allreduce_async, grouped_allreduce_async_, sparse_allreduce_async, synchronize
+from .exceptions import ADASUM_REFUSED
+from .functions import broadcast_object
+from .enqueue import synchronize
+from .mpi_ops import _allreduce_async, grouped_allreduce_async_, sparse_allreduce_async
 from .process_sets import ProcessSet, global_process_set
 
 
@@ -95,7 +95,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups = groups
         self._p_to_group: Dict[torch.Tensor, Tuple[torch.Tensor, ...]] = {}
         self._group_counts: Dict[Tuple[torch.Tensor, ...], int] = {}
-        if process_set.included() and (runtime.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
+        if process_set.included() and (runtime.size() > 1 or runtime.active().settings.elastic):
             self._register_hooks()
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> None:

@@ -1,10 +1,14 @@
-"""hvd.init() and hvd.shutdown(), and who this process is in the job.
+"""The start of a generation (hvd.init()'s first step) and hvd.shutdown(), and who this process is in the job.
 
 The first init() joins the job on torch.distributed: the rendezvous is ddp_train's own (DDPBackend: torchrun's
 variables, or Slurm's and Open MPI's with MASTER_ADDR/MASTER_PORT), then the API makes process groups of its own
 (Gloo, and NCCL where there is CUDA), starts rank 0's coordinator and every rank's engine, and learns the hosts of the
 ranks (local and cross ranks, as Horovod computes them). shutdown() ends one init's collectives on every rank (as
 Horovod's does) but keeps all of that, so that a later init() starts again at once: a process joins the job once.
+
+hvd.init() itself is mpi_ops.init (as in Horovod): this module's init(), then the process sets given to it, then the
+timeline HOROVOD_TIMELINE names. This module keeps the one registry of the process sets that exist (State.sets),
+which the engine thread changes as the coordinator adds and removes sets; process_sets.py reads it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -26,10 +30,10 @@ from common.launch.placement import detect
 from ddp_train.backend import DDPBackend
 
 from . import coordinator as coordination
-from . import process_sets as sets
+from . import timeline
 from .cycle import RankCycle
 from .engine import Cycling, Engine
-from .errors import NOT_INITIALIZED
+from .exceptions import NOT_INITIALIZED
 from .execute import Communicator, agree
 from .handles import HandleTable
 from .messages import ADD_SET, Channel, Response
@@ -82,24 +86,20 @@ class World:
 
 @dataclass
 class State:
-    """One init() of the API: its generation, process sets and handles."""
+    """One init() of the API: its generation, settings, process sets and handles. `sets` is the registry of the
+    process sets that exist, by id (0: the global set), each with its ranks and groups."""
 
     world: Optional[World] = None
     gen: int = 0
     initialized: bool = False
+    settings: Settings = field(default_factory=Settings)
     sets: Dict[int, Communicator] = field(default_factory=dict)
     handles: HandleTable = field(default_factory=HandleTable)
     join_device: int = -1
-    timeline_hook: Optional[object] = None
     ended_elsewhere: bool = False  # another rank's shutdown (or a stall) ended this generation while in it
 
 
 STATE = State()
-#: what modules that build on this one do at init() and shutdown(): add the process sets given to init()
-#: (sets.py), start and stop the timeline (timeline.py)
-INITIAL_SETS: List[Callable[[list], None]] = []
-AFTER_INIT: List[Callable[[], None]] = []
-BEFORE_SHUTDOWN: List[Callable[[], None]] = []
 
 
 def _group(ranks: List[int], backend: str, timeout_s: float):
@@ -152,17 +152,14 @@ def export_placement() -> None:
         os.environ.setdefault(name, str(value))
 
 
-def _timeline_event(name: str, phase: str, start: bool) -> None:
-    hook = STATE.timeline_hook
-    if hook is not None:
-        hook(name, phase, start)  # type: ignore[operator]
-
-
-def _build_world() -> World:
+def _read_settings() -> Settings:
     try:
-        settings = Settings.from_environment()
+        return Settings.from_environment()
     except ValueError as exc:  # a Horovod variable that is not a number: bad input, on every rank
         fail_usage(PROG, str(exc))
+
+
+def _build_world(settings: Settings) -> World:
     _join_job(settings)
     rank, size = dist.get_rank(), dist.get_world_size()
     everyone = _communicator(list(range(size)), rank, settings)
@@ -176,7 +173,7 @@ def _build_world() -> World:
     if rank == 0:
         listener = coordination.listen(single_host=topology.local_size == size)
         coordinator = coordination.Coordinator(listener, size, settings, broadcast=capacity > 0,
-                                               on_event=_timeline_event)
+                                               on_event=timeline.record)
         coordinator.start()
         host, port = listener.getsockname()[:2]
         address = [f"{host}:{port}"]
@@ -190,7 +187,7 @@ def _build_world() -> World:
         cycling = Cycling(RankCycle(capacity, settings.stall_check_s, settings.fusion_threshold),
                           partial(agree, everyone), settings.cycle_time_s)
     engine = Engine(channel, rank, _set_communicator, _on_set, lambda: STATE.join_device, silence,
-                    on_event=_timeline_event, on_closed=_on_closed, cycling=cycling)
+                    on_event=timeline.record, on_closed=_on_closed, cycling=cycling)
     world = World(topology, settings, everyone, engine, coordinator, {tuple(range(size)): everyone})
     engine.start()
     atexit.register(_at_exit)
@@ -205,7 +202,7 @@ def _on_closed(gen: int) -> None:
         STATE.ended_elsewhere = True
 
 
-def _set_communicator(gen: int, ps: int) -> Communicator:
+def _set_communicator(ps: int) -> Communicator:
     """The groups of process set `ps` (engine thread)."""
     world = STATE.world
     assert world is not None
@@ -226,24 +223,23 @@ def _on_set(response: Response) -> None:
             world.groups[key] = _communicator(list(key), world.topology.rank, world.settings)
         if response.gen == STATE.gen:
             STATE.sets[response.set_id] = world.groups[key]
-            sets.register(response.set_id, list(key))
     elif response.gen == STATE.gen:
         STATE.sets.pop(response.set_id, None)
-        sets.unregister(response.set_id)
 
 
-def init(comm: Optional[object] = None, process_sets: Optional[object] = None) -> None:
-    """hvd.init(): join the job (the first time), then start a generation of collectives. `comm` may be omitted or
-    list every rank; `process_sets` may list ProcessSet objects every rank gives alike, or be "dynamic"."""
+def init(comm: Optional[object] = None) -> bool:
+    """Join the job (the first time), then start a generation of collectives with only the global process set;
+    whether one started (False: this rank is initialized already). `comm` may be omitted or list every rank."""
     if is_initialized():
-        return
+        return False
     if STATE.initialized:  # another rank's shutdown() ended this generation: this rank's ends too
         _end_generation()
     if comm is not None and not isinstance(comm, (list, tuple, range)):
         raise ValueError("hvd.init(comm=...) with an MPI communicator is not offered by the Horovod API on "
                          "torch.distributed: call hvd.init() on every rank (use process sets for subsets of ranks)")
+    settings = _read_settings()
     if STATE.world is None:
-        STATE.world = _build_world()
+        STATE.world = _build_world(settings)
     else:
         STATE.gen += 1
     world = STATE.world
@@ -252,21 +248,13 @@ def init(comm: Optional[object] = None, process_sets: Optional[object] = None) -
         raise ValueError(f"hvd.init(comm={ranks}) on a subset of the ranks is not offered by the Horovod API on "
                          "torch.distributed: call hvd.init() on every rank and use hvd.add_process_set for the subset")
     STATE.handles.reset()
-    STATE.sets = {}
+    STATE.settings = settings
+    STATE.sets = {0: world.everyone}
     STATE.join_device = -1
     STATE.ended_elsewhere = False
     STATE.initialized = True
     _export(world.topology)
-    sets.on_init(world.topology.size, world.topology.rank)
-    if isinstance(process_sets, str):
-        if process_sets.lower() != "dynamic":
-            raise ValueError(f"hvd.init(process_sets={process_sets!r}): give a list of ProcessSet, or 'dynamic'")
-        os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
-    elif process_sets:
-        for add in INITIAL_SETS:
-            add(list(process_sets))  # type: ignore[call-overload]
-    for hook in AFTER_INIT:
-        hook()
+    return True
 
 
 def shutdown() -> None:
@@ -276,8 +264,7 @@ def shutdown() -> None:
         return
     world = STATE.world
     assert world is not None
-    for hook in BEFORE_SHUTDOWN:
-        hook()
+    timeline.stop()  # rank 0 writes it now, while the process still runs
     world.engine.send({"type": "leave", "gen": STATE.gen})
     deadline = time.monotonic() + SHUTDOWN_WAIT_S
     while not world.engine.finished(STATE.gen) and world.engine.broken is None and time.monotonic() < deadline:
@@ -288,7 +275,6 @@ def shutdown() -> None:
 def _end_generation() -> None:
     STATE.initialized = False
     STATE.sets = {}
-    sets.on_shutdown()
 
 
 def _at_exit() -> None:
@@ -309,7 +295,43 @@ def active() -> State:
     return STATE
 
 
+def members(set_id: Optional[int]) -> Optional[List[int]]:
+    """The ranks of process set `set_id` if it exists in this generation, else None."""
+    if not STATE.initialized or set_id is None:
+        return None
+    found = STATE.sets.get(set_id)
+    return None if found is None else found.ranks
+
+
+def this_rank() -> int:
+    """This process's rank, whether initialized or not: -1 before the first init()."""
+    return STATE.world.topology.rank if STATE.world is not None else -1
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """hvd.start_timeline(): rank 0 records the timeline into `file_path` (a running one stops first)."""
+    active()
+    timeline.stop()
+    if rank() == 0:
+        timeline.start(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """hvd.stop_timeline(): stop recording and write the timeline."""
+    active()
+    timeline.stop()
+
+
+def start_configured_timeline() -> None:
+    """At hvd.init(): the timeline HOROVOD_TIMELINE names, unless one records (DYNAMIC only allows
+    start_timeline)."""
+    settings = active().settings
+    if settings.timeline and settings.timeline.upper() != "DYNAMIC" and not timeline.running():
+        start_timeline(settings.timeline, settings.timeline_mark_cycles)
+
+
 def topology() -> Topology:
+    """This process's place in the job (ValueError before init())."""
     world = active().world
     assert world is not None
     return world.topology

@@ -17,7 +17,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import runtime
 from .dtypes import SUM
-from .ops import allgather, allreduce
+from .mpi_ops import allgather, allreduce
 
 
 def _channel_view(values: torch.Tensor, dims: int) -> torch.Tensor:

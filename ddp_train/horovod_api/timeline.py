@@ -4,7 +4,8 @@ Horovod's timeline shows them; with mark_cycles, an instant at each answer of th
 
 HOROVOD_TIMELINE=path starts it at hvd.init() (HOROVOD_TIMELINE_MARK_CYCLES=1 marks cycles);
 hvd.start_timeline(path) / hvd.stop_timeline() start and stop it while training runs (with or without
-HOROVOD_TIMELINE=DYNAMIC)."""
+HOROVOD_TIMELINE=DYNAMIC). This module only records; runtime starts and stops it (hvd.init, hvd.shutdown and the
+calls above), so that it imports nothing of the API."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import os
 import threading
 import time
 from typing import Dict, List, Optional
-
-from . import runtime
 
 
 class Timeline:
@@ -60,43 +59,32 @@ class Timeline:
             json.dump([header, *self.events], out)
 
 
+#: the timeline recording now (rank 0 only), or None
 _current: Optional[Timeline] = None
 
 
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start recording the timeline into `file_path` (rank 0 writes it when it stops); a running one stops first."""
+def start(file_path: str, mark_cycles: bool) -> None:
+    """Record into `file_path` from now on (this process is rank 0); a recording already running stops first."""
     global _current
-    state = runtime.active()
-    if _current is not None:
-        stop_timeline()
-    if runtime.rank() != 0:
-        return
+    stop()
     _current = Timeline(file_path, mark_cycles)
-    state.timeline_hook = _current.record
 
 
-def stop_timeline() -> None:
-    """Stop recording and write the timeline."""
+def stop() -> None:
+    """Stop recording, if it records, and write the file."""
     global _current
-    runtime.active()
     timeline, _current = _current, None
-    runtime.STATE.timeline_hook = None
     if timeline is not None:
         timeline.write()
 
 
-def start_from_environment() -> None:
-    """HOROVOD_TIMELINE=path at init() (DYNAMIC only allows start_timeline)."""
-    path = os.environ.get("HOROVOD_TIMELINE", "").strip()
-    if path and path.upper() != "DYNAMIC" and _current is None:
-        mark = os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "").strip().lower() in ("1", "true", "yes")
-        start_timeline(path, mark)
+def running() -> bool:
+    """Whether a timeline records now."""
+    return _current is not None
 
 
-def stop_at_shutdown() -> None:
-    if _current is not None:
-        stop_timeline()
-
-
-runtime.AFTER_INIT.append(start_from_environment)
-runtime.BEFORE_SHUTDOWN.append(stop_at_shutdown)
+def record(name: str, phase: str, start: bool) -> None:
+    """An event of the coordinator or the engine (their threads), kept if a timeline records."""
+    timeline = _current  # read once: another thread may stop it meanwhile
+    if timeline is not None:
+        timeline.record(name, phase, start)

@@ -8,22 +8,21 @@ import torch.distributed as dist
 
 from . import elastic
 from .compression import Compression
-from .errors import HorovodInternalError, HostsUpdatedInterrupt
-from .objects import (allgather_object, broadcast_object, broadcast_optimizer_state,
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                       broadcast_parameters)
-from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
-                  allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
-                  broadcast_, broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
-                  grouped_allreduce, grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
-                  grouped_reducescatter, grouped_reducescatter_async, handle_average_backwards_compatibility, join,
-                  poll, reducescatter, reducescatter_async, sparse_allreduce_async, synchronize)
+from .enqueue import poll, synchronize
+from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
+                      allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
+                      broadcast_, broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
+                      grouped_allreduce, grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
+                      grouped_reducescatter, grouped_reducescatter_async, handle_average_backwards_compatibility,
+                      init, join, reducescatter, reducescatter_async, sparse_allreduce_async)
 from .optimizer import DistributedOptimizer
-from .process_sets import ProcessSet, global_process_set
-from .runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
-                      local_size, rank, shutdown, size)
-from .sets import add_process_set, remove_process_set
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .runtime import (cross_rank, cross_size, is_homogeneous, is_initialized, local_rank, local_size, rank, shutdown,
+                      size, start_timeline, stop_timeline)
 from .sync_batch_norm import SyncBatchNorm
-from .timeline import start_timeline, stop_timeline
 
 # What `import horovod.torch as hvd` offers: Horovod's names, from the modules that implement them here.
 __all__ = ["elastic", "Compression", "HorovodInternalError", "HostsUpdatedInterrupt", "allgather_object",
@@ -46,10 +45,12 @@ def mpi_built() -> bool:
 
 
 def mpi_enabled() -> bool:
+    """False: no MPI."""
     return False
 
 
 def mpi_threads_supported() -> bool:
+    """Raises, as Horovod does without MPI."""
     raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
 
 
@@ -59,6 +60,7 @@ def gloo_built() -> bool:
 
 
 def gloo_enabled() -> bool:
+    """True: the API's collectives run on Gloo (and NCCL for CUDA tensors)."""
     return dist.is_gloo_available()
 
 
@@ -71,10 +73,12 @@ def nccl_built() -> int:
 
 
 def ddl_built() -> bool:
+    """False: no IBM DDL."""
     return False
 
 
 def ccl_built() -> bool:
+    """False: no oneCCL."""
     return False
 
 
@@ -84,6 +88,7 @@ def cuda_built() -> bool:
 
 
 def rocm_built() -> bool:
+    """Whether torch runs on ROCm (HIP) with a device."""
     return torch.cuda.is_available() and getattr(torch.version, "hip", None) is not None
 
 

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 import pytest
 
 from ddp_train.horovod_api import cycle as cycles
-from ddp_train.horovod_api.errors import SHUT_DOWN
+from ddp_train.horovod_api.exceptions import SHUT_DOWN
 from ddp_train.horovod_api.messages import ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, ERROR, JOIN, Request, Response
 from ddp_train.horovod_api.negotiation import Closed, Negotiator, Outgoing, fuse_allreduces
 from ddp_train.horovod_api.settings import Settings

@@ -1,7 +1,8 @@
 """Horovod's collectives with its signatures and semantics: allreduce (average, sum, min, max, product, with pre-
 and postscale factors and compression), allgather (first dimensions may differ), broadcast, alltoall (with splits),
-reducescatter, their grouped, asynchronous and in-place forms, sparse allreduce, handles (poll, synchronize), join and
-barrier. The differentiable forms backpropagate as Horovod's do.
+reducescatter, their grouped, asynchronous and in-place forms, sparse allreduce, join and barrier, and hvd.init(),
+as horovod/torch/mpi_ops.py has them. The differentiable forms backpropagate as Horovod's do. Every call is asked
+for through enqueue.submit; its handle is waited for with enqueue.poll and enqueue.synchronize.
 
 Every call is named (its `name`, or a number in the order of the calls, as in Horovod) and runs once every rank of its
 process set made it: the ranks may make their calls in different orders."""
@@ -18,15 +19,14 @@ from .arithmetic import alltoall_splits
 from .compression import Compression
 from .dtypes import ADASUM, AVERAGE, CPU_DEVICE, MAX, MIN, PRODUCT, SUM, TYPE_NAMES, check_supported, device_id
 from .engine import Entry
-from .errors import ADASUM as ADASUM_REFUSED
-from .errors import HorovodInternalError
+from .enqueue import Asker, Combine, single, submit, synchronize
+from .exceptions import ADASUM_REFUSED, HorovodInternalError
 from .handles import Handle
 from .messages import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER, Request
-from .process_sets import ProcessSet, global_process_set, members
+from .process_sets import ProcessSet, global_process_set, init_process_sets
+from .runtime import members
 
 Average, Sum, Adasum, Min, Max, Product = AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT
-_KIND_TEXT = {ALLREDUCE: "Allreduce", ALLGATHER: "Allgather", BROADCAST: "Broadcast", ALLTOALL: "Alltoall",
-              REDUCESCATTER: "Reducescatter", BARRIER: "Barrier"}
 
 
 def handle_average_backwards_compatibility(op: Optional[int], average: Optional[bool]) -> int:
@@ -42,10 +42,6 @@ def handle_average_backwards_compatibility(op: Optional[int], average: Optional[
     return AVERAGE
 
 
-def _single(results: List[Any]) -> Any:
-    return results[0]
-
-
 def _ready_event(tensor: torch.Tensor):
     """CUDA: an event after the work that produces `tensor`, which the engine waits for before it reads it."""
     if tensor.device.type != "cuda":
@@ -57,93 +53,48 @@ def _ready_event(tensor: torch.Tensor):
 
 
 def _enqueue(kind: str, prefix: str, tensors: Sequence[torch.Tensor], outputs: Sequence[Optional[torch.Tensor]],
-             name: Optional[str], process_set: ProcessSet, combine: Callable[[List[Any]], Any], grouped: bool = False,
+             name: Optional[str], process_set: ProcessSet, combine: Combine, grouped: bool = False,
              op: int = SUM, prescale: float = 1.0, postscale: float = 1.0, root: int = -1,
              splits: Sequence[int] = (), splits_device: Optional[torch.device] = None, checked: bool = False) -> int:
-    """Register this rank's part in a collective and ask the coordinator for it: the handle's number."""
-    state = runtime.active()
-    world = state.world
-    assert world is not None
-    rank = world.topology.rank
-    ranks = members(process_set.process_set_id)
-    if ranks is None:
-        raise ValueError(f"{_KIND_TEXT[kind]}: Process set provided does not exist, or has not been registered.")
-    if rank not in ranks:
-        raise ValueError(f"{_KIND_TEXT[kind]}: Rank {rank} is not a member of the provided process set.")
-    number = state.handles.next_number()
-    base = f"{prefix}.{name}" if name else f"{prefix}.noname.{number}"
+    """This rank's part in a collective of tensors (one request per tensor, named as Horovod names them): the
+    handle's number."""
     count = len(tensors)
-    names = [f"{base}_{i + 1}of{count}" for i in range(count)] if grouped else [base]
-    handle = Handle(number, count, combine)
-    entries = []
-    for i, (tensor, output) in enumerate(zip(tensors, outputs, strict=True)):
-        request = Request(rank, state.gen, int(process_set.process_set_id or 0), names[i], kind,
-                          dtype=TYPE_NAMES[tensor.dtype], shape=list(tensor.shape), device=device_id(tensor), op=op,
-                          prescale=float(prescale), postscale=float(postscale), root=root, splits=list(splits),
-                          group=base if grouped else "", group_size=count if grouped else 0, checked=checked)
-        entries.append(Entry(request, handle, i, tensor, output, splits_device, _ready_event(tensor)))
-    state.handles.add(handle)
-    try:
-        world.engine.submit(entries)
-    except BaseException:
-        state.handles.pop(number)
-        raise
-    return number
+
+    def entries(asker: Asker, handle: Handle) -> List[Entry]:
+        base = f"{prefix}.{name}" if name else f"{prefix}.noname.{asker.number}"
+        names = [f"{base}_{i + 1}of{count}" for i in range(count)] if grouped else [base]
+        built = []
+        for i, (tensor, output) in enumerate(zip(tensors, outputs, strict=True)):
+            request = Request(asker.rank, asker.gen, asker.ps, names[i], kind, dtype=TYPE_NAMES[tensor.dtype],
+                              shape=list(tensor.shape), device=device_id(tensor), op=op, prescale=float(prescale),
+                              postscale=float(postscale), root=root, splits=list(splits),
+                              group=base if grouped else "", group_size=count if grouped else 0, checked=checked)
+            built.append(Entry(request, handle, i, tensor, output, splits_device, _ready_event(tensor)))
+        return built
+
+    return submit(kind, process_set.process_set_id, count, combine, entries)
 
 
-def _control(kind: str, name: str, process_set: ProcessSet, device: int = CPU_DEVICE, extra: Optional[dict] = None,
-             combine: Callable[[List[Any]], Any] = _single) -> int:
-    """A collective without a tensor (barrier, join, process set changes)."""
-    state = runtime.active()
-    world = state.world
-    assert world is not None
-    rank = world.topology.rank
-    ranks = members(process_set.process_set_id)
-    if ranks is None:
-        raise ValueError(f"{_KIND_TEXT.get(kind, kind)}: Process set provided does not exist, or has not been "
-                         "registered.")
-    if rank not in ranks:
-        raise ValueError(f"{_KIND_TEXT.get(kind, kind)}: Rank {rank} is not a member of the provided process set.")
-    number = state.handles.next_number()
-    handle = Handle(number, 1, combine)
-    request = Request(rank, state.gen, int(process_set.process_set_id or 0), name, kind, device=device,
-                      **(extra or {}))
-    state.handles.add(handle)
-    try:
-        world.engine.submit([Entry(request, handle)])
-    except BaseException:
-        state.handles.pop(number)
-        raise
-    return number
+def _control(kind: str, name: str, process_set: ProcessSet, device: int = CPU_DEVICE) -> int:
+    """A collective without a tensor (barrier, join): the handle's number."""
+    def entries(asker: Asker, handle: Handle) -> List[Entry]:
+        return [Entry(Request(asker.rank, asker.gen, asker.ps, name, kind, device=device), handle)]
+
+    return submit(kind, process_set.process_set_id, 1, single, entries)
 
 
-def poll(handle: int) -> bool:
-    """Whether the collective of `handle` completed (synchronize() would return at once)."""
-    found = runtime.active().handles.get(handle)
-    return True if found is None else found.done()
-
-
-def synchronize(handle: int) -> Any:
-    """Wait for the collective of `handle` and return its result (None for an unknown handle, as Horovod)."""
-    state = runtime.active()
-    found = state.handles.get(handle)
-    if found is None:
-        return None
-    world = state.world
-    assert world is not None
-    waits = not found.done()
-    if waits:
-        world.engine.awaited(1)  # nothing more comes from this thread until it has its result: agree now
-    try:
-        return found.wait(world.engine.trouble)
-    finally:
-        if waits:
-            world.engine.awaited(-1)
-        state.handles.pop(handle)
+def init(comm: Optional[object] = None, process_sets: Optional[object] = None) -> None:
+    """hvd.init(): join the job (the first time) and start a generation of collectives (runtime.init), add the process
+    sets given (`process_sets`: ProcessSet objects every rank gives alike, or "dynamic"), then start the timeline
+    HOROVOD_TIMELINE names, in that order, as Horovod's init does. `comm` may be omitted or list every rank."""
+    if not runtime.init(comm):
+        return
+    init_process_sets(process_sets)
+    runtime.start_configured_timeline()
 
 
 # --- allreduce ----------------------------------------------------------------------------------------------------
-def _check_reduction(op: int, process_set: ProcessSet) -> None:
+def _check_reduction(op: int) -> None:
     if op == ADASUM:
         raise NotImplementedError(ADASUM_REFUSED)
     if op not in (AVERAGE, SUM, MIN, MAX, PRODUCT):
@@ -152,9 +103,9 @@ def _check_reduction(op: int, process_set: ProcessSet) -> None:
 
 def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: Optional[str], op: int, prescale_factor: float,
                      postscale_factor: float, process_set: ProcessSet, checked: bool = False) -> int:
-    _check_reduction(op, process_set)
+    _check_reduction(op)
     check_supported(tensor, reducing=True)
-    return _enqueue(ALLREDUCE, "allreduce", [tensor], [output], name, process_set, _single, op=op,
+    return _enqueue(ALLREDUCE, "allreduce", [tensor], [output], name, process_set, single, op=op,
                     prescale=prescale_factor, postscale=postscale_factor, checked=checked)
 
 
@@ -221,7 +172,7 @@ def _check_group(tensors: Sequence[torch.Tensor], reducing: bool) -> None:
 def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name: Optional[str],
                              op: int, prescale_factor: float, postscale_factor: float,
                              process_set: ProcessSet) -> int:
-    _check_reduction(op, process_set)
+    _check_reduction(op)
     _check_group(tensors, reducing=True)
     return _enqueue(ALLREDUCE, "grouped_allreduce", list(tensors), list(outputs), name, process_set, list,
                     grouped=True, op=op, prescale=prescale_factor, postscale=postscale_factor)
@@ -309,7 +260,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start concatenating every rank's `tensor` along the first dimension: a handle."""
     check_supported(tensor, reducing=False)
-    return _enqueue(ALLGATHER, "allgather", [tensor], [None], name, process_set, _single)
+    return _enqueue(ALLGATHER, "allgather", [tensor], [None], name, process_set, single)
 
 
 def _set_size_and_rank(process_set: ProcessSet) -> tuple:
@@ -380,7 +331,7 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = Non
 def _broadcast_async(tensor: torch.Tensor, output: torch.Tensor, root_rank: int, name: Optional[str],
                      process_set: ProcessSet) -> int:
     check_supported(tensor, reducing=False)
-    return _enqueue(BROADCAST, "broadcast", [tensor], [output], name, process_set, _single, root=int(root_rank))
+    return _enqueue(BROADCAST, "broadcast", [tensor], [output], name, process_set, single, root=int(root_rank))
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
@@ -446,7 +397,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     first = tensor.shape[0] if tensor.dim() else 0
     resolved = alltoall_splits(first, _splits(splits), max(set_size, 1)) if set_size else []
     where = splits.device if isinstance(splits, torch.Tensor) else torch.device("cpu")
-    return _enqueue(ALLTOALL, "alltoall", [tensor], [None], name, process_set, _single, splits=resolved,
+    return _enqueue(ALLTOALL, "alltoall", [tensor], [None], name, process_set, single, splits=resolved,
                     splits_device=where)
 
 
@@ -487,7 +438,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: in
     """Start reducing `tensor` over the set and keeping this rank's rows of the result: a handle."""
     _check_reducescatter(op)
     check_supported(tensor, reducing=True)
-    return _enqueue(REDUCESCATTER, "reducescatter", [tensor], [None], name, process_set, _single, op=op,
+    return _enqueue(REDUCESCATTER, "reducescatter", [tensor], [None], name, process_set, single, op=op,
                     prescale=prescale_factor, postscale=postscale_factor)
 
 

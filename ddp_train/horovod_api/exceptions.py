@@ -30,5 +30,6 @@ DYNAMIC_PROCESS_SETS_REMOVE = ("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow remo
                                "initialization.")
 NOT_A_MEMBER = "Process is not part of provided process set."
 UNKNOWN_SET = "Process set does not exist or has not been registered."
-ADASUM = ("op=hvd.Adasum is not offered by the Horovod API on torch.distributed: use op=hvd.Average (the default) or "
-          "op=hvd.Sum, and scale the learning rate by hvd.size() as for Average")
+#: hvd.Adasum is refused before any request is made (no rank ever asks the others for an Adasum)
+ADASUM_REFUSED = ("op=hvd.Adasum is not offered by the Horovod API on torch.distributed: use op=hvd.Average (the "
+                  "default) or op=hvd.Sum, and scale the learning rate by hvd.size() as for Average")

@@ -11,7 +11,8 @@ import cloudpickle
 import torch
 
 from . import runtime
-from .ops import allgather, broadcast_, broadcast_async_, synchronize
+from .enqueue import synchronize
+from .mpi_ops import allgather, broadcast_, broadcast_async_
 from .process_sets import ProcessSet, global_process_set
 
 
