@@ -91,6 +91,7 @@ def test_every_run_ends_after_its_step_n_with_a_complete_run_directory(stopped, 
         assert config["config"]["max_steps"] == STEPS and config["script"]["argv"] == LONG_ARGS, name
         assert summary["weights_sha256"], name
     assert any(f"--steps {STEPS}" in note for note in stopped["notes"]), stopped["notes"]
+    assert (folder / "stopped" / "report.md").read_text().count(f"(--steps {STEPS})") == 1  # said once, in the summary
 
 
 def test_the_runs_and_verdicts_are_those_of_the_same_steps_made_by_shortening_the_data(stopped, shortened, folder):

@@ -205,7 +205,7 @@ def _verdicts(c: Comparison) -> Section:
         items.append(f"**FAILED** {f['name']}: {f['error']}")
         notes.append("")
     blocks: List[Block] = [Bullets(items, notes) if items else Paragraph("Nothing to compare.")]
-    return Section("Verdicts", blocks + [Quote(note) for note in c.notes], anchor="verdicts")
+    return Section("Verdicts", blocks, anchor="verdicts")  # the notes: once, in the summary above
 
 
 def _parity(c: Comparison) -> Section:

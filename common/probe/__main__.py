@@ -11,10 +11,10 @@ From a folder that holds its own `common.py` or `common/`, start it with PYTHONS
 does) or `python -P`, so that python finds the probe and not the folder's module.
 
 Every rank records its steps; when the script ends (or, with --max-steps N, after its N-th step), rank 0 writes the
-run directory (common.probe.assemble). A
-script that returns (or exits with code 0) ends the process without the interpreter's teardown, so an abort there
-(a DDP model kept past destroy_process_group) cannot turn a complete run into a failed one. What the probe cannot
-follow ends the run with one line and exit code 2; a script that fails shows its own traceback and exit code.
+run directory (common.probe.assemble). A script that returns (or exits with code 0) ends the process without the
+interpreter's teardown, so an abort there (a DDP model kept past destroy_process_group) cannot turn a complete run
+into a failed one. What the probe cannot follow ends the run with one line and exit code 2; a script that fails
+shows its own traceback and exit code.
 """
 
 from __future__ import annotations

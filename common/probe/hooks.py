@@ -135,18 +135,16 @@ class Hooks:
         self.step_depth -= 1
         if self.step_depth > 0:
             return
-        before = self.before
+        before, self.before = self.before, None
         assert before is not None, "on_step_pre saw this step first"
         wnorm = tensor_norms(self.ordered(optimizer))
         if self.recorder.in_step:
             if self.recorder.steps == 0:
                 self.on_first_step()
             self.recorder.step(before, wnorm)
-            self.before = None
-            self.on_stepped(self.recorder.steps)
+            self.on_stepped(self.recorder.steps)  # last: with --max-steps it may end the process
         else:
             self.recorder.stepless(before, wnorm)
-        self.before = None
 
 
 def reduces_itself(optimizer: torch.optim.Optimizer) -> bool:

@@ -122,7 +122,7 @@ def _compression(ctx: Context, value: cst.BaseExpression, model: str, line: int)
 
 
 def wrap_statements(ctx: Context, options: Dict[str, cst.BaseExpression], model: str, line: int,
-                    backward_sites: int, option_lines: Optional[Dict[str, int]] = None) -> Tuple[List[str], List[str]]:
+                    backward_sites: int, option_lines: Dict[str, int]) -> Tuple[List[str], List[str]]:
     """The statements that replace hvd.DistributedOptimizer(...) for `model` (the DDP wrap first), and the
     `# port:` comments for what of its options cannot be ported; what is said of `op` is said at its line
     (`option_lines`)."""
@@ -148,7 +148,7 @@ def wrap_statements(ctx: Context, options: Dict[str, cst.BaseExpression], model:
         else:
             hooks += hook
     if "op" in options:
-        guards, op_hooks = _op(ctx, options["op"], model, (option_lines or {}).get("op", line), comments)
+        guards, op_hooks = _op(ctx, options["op"], model, option_lines.get("op", line), comments)
         if op_hooks and hooks:
             ctx.leave(line, options["op"], "op=hvd.Sum with compression: DDP takes one communication hook; write "
                       "one that compresses and sums")
