@@ -56,10 +56,11 @@ def time_box(spec: StepSpec, specs: Sequence[StepSpec], selected: Collection[str
     return min(spec.box_s.on(device), seconds_left - kept_back(spec, specs, selected, device))
 
 
-def background_box(spec: StepSpec, specs: Sequence[StepSpec], device: str, seconds_left: float) -> float:
-    """The seconds a background step may take: its box, less what the step that waits for it keeps back (whether
-    or not that one was selected), within the `seconds_left` of the budget."""
-    joiner = next((s for s in specs if s.name == spec.joined_before), None)
+def background_box(spec: StepSpec, specs: Sequence[StepSpec], selected: Collection[str], device: str,
+                   seconds_left: float) -> float:
+    """The seconds a background step may take: its box, less what the step that waits for it keeps back where that
+    one was selected, within the `seconds_left` of the budget."""
+    joiner = next((s for s in specs if s.name == spec.joined_before and s.name in selected), None)
     return min(spec.box_s.on(device), seconds_left - (joiner.reserve_s.on(device) if joiner else 0))
 
 
@@ -86,7 +87,8 @@ class Runner:
         self.specs, self.actions, self.ctx, self.clock = list(specs), actions, ctx, clock
         self.records = {spec.name: StepRecord(spec) for spec in specs}
         self._running: dict[str, Running] = {}
-        self._printed: set[str] = set()
+        #: background steps whose line is printed when they are waited for: those selected and not blocked
+        self._to_print: set[str] = set()
 
     def run(self) -> str | None:
         """Run every step; None, or why the check stopped early (a signal). No command is left running."""
@@ -112,6 +114,15 @@ class Runner:
         settings = self.ctx.settings
         return time_box(spec, self.specs, settings.only, settings.device, self.clock.left())
 
+    def _no_time_left(self, spec: StepSpec, record: StepRecord) -> bool:
+        """Whether `record`'s box is too short for the step to start; if so it failed, saying so."""
+        settings = self.ctx.settings
+        if record.limit_s is not None and (record.limit_s < spec.reserve_s.on(settings.device)
+                                           or record.limit_s <= 0):
+            record.outcome, record.error = "failed", f"no time left in the budget of {settings.budget:.0f} s"
+            return True
+        return False
+
     def _run(self, spec: StepSpec) -> None:
         """A foreground step within its box; its line printed where it was selected and could run."""
         record, action, settings = self.records[spec.name], self.actions[spec.name], self.ctx.settings
@@ -131,8 +142,8 @@ class Runner:
         record.limit_s = round(self._box(spec), 1)
         record.started_s = round(self.clock.since_start(), 2)
         began = now()
-        if record.limit_s < spec.reserve_s.on(settings.device) or record.limit_s <= 0:
-            record.outcome, record.error = "failed", f"no time left in the budget of {settings.budget:.0f} s"
+        if self._no_time_left(spec, record):
+            print_line(step_line(record))
             return
         try:
             action.run(self.ctx, record, now() + record.limit_s)
@@ -160,6 +171,7 @@ class Runner:
         record.reason = self._blocked(spec)
         if record.reason:
             return
+        self._to_print.add(spec.name)
         record.started_s = round(self.clock.since_start(), 2)
         try:
             launch = action.prepare(self.ctx, record)
@@ -167,27 +179,27 @@ class Runner:
             record.reason = str(exc)
             return
         record.commands.append(launch.shown)
-        record.limit_s = background_box(spec, self.specs, settings.device, self.clock.left())
+        record.limit_s = round(background_box(spec, self.specs, settings.only, settings.device, self.clock.left()),
+                               1)
+        if self._no_time_left(spec, record):
+            return
         log = settings.work / "logs" / f"{spec.name}.log"
         record.log = str(log.relative_to(settings.work))
         process = self.ctx.commands.start(launch.command, log, launch.env)
         self._running[spec.name] = Running(process, log, until=now() + record.limit_s, begun=now())
 
     def _join(self, spec: StepSpec) -> None:
-        """Wait for a background step (within its box) and record it; its line printed once, whatever became of
-        it."""
+        """Wait for a background step (within its box) and record it; its line printed once, as a foreground step's
+        is: where it was selected and not blocked, whatever became of it then."""
         record = self.records[spec.name]
         running = self._running.pop(spec.name, None)
-        if running is None:
-            if spec.name not in self._printed:
-                self._printed.add(spec.name)
-                print_line(step_line(record))
-            return
         try:
-            self._wait(spec, record, running)
+            if running is not None:
+                self._wait(spec, record, running)
         finally:
-            self._printed.add(spec.name)
-            print_line(step_line(record))
+            if spec.name in self._to_print:
+                self._to_print.discard(spec.name)
+                print_line(step_line(record))
 
     def _wait(self, spec: StepSpec, record: StepRecord, running: Running) -> None:
         action = self.actions[spec.name]

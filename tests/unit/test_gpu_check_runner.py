@@ -5,6 +5,7 @@ reasons and the lines printed. tests/test_gpu_check.py runs the real steps."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -44,10 +45,11 @@ def test_time_boxes_keep_back_the_later_selected_steps():
     assert time_box(SPEC["install"], STEPS, ["install", "ddp"], "cpu", 100) == 85
     assert time_box(SPEC["compare"], STEPS, everything, "cpu", 40) == 40
     assert time_box(SPEC["exact"], STEPS, everything, "cuda", 100) == 100 - 25 - 45
-    # The build keeps back compare's reserve, selected or not.
-    assert background_box(SPEC["horovod_build"], STEPS, "cuda", 480) == 240
-    assert background_box(SPEC["horovod_build"], STEPS, "cuda", 200) == 155
-    assert background_box(SPEC["horovod_build"], STEPS, "cpu", 200) == 170
+    # The build keeps back compare's reserve where compare was selected.
+    assert background_box(SPEC["horovod_build"], STEPS, everything, "cuda", 480) == 240
+    assert background_box(SPEC["horovod_build"], STEPS, everything, "cuda", 200) == 155
+    assert background_box(SPEC["horovod_build"], STEPS, everything, "cpu", 200) == 170
+    assert background_box(SPEC["horovod_build"], STEPS, ["ddp", "horovod_build"], "cuda", 200) == 200
 
 
 def test_lists_that_cannot_run_are_refused():
@@ -122,9 +124,9 @@ def test_a_failed_install_skips_the_rest_and_fails_the_check(tmp_path, capsys):
     assert runner.run() is None
     assert done == [("run", "install", 120)]  # on CPU its box: the later steps keep back 130 s of 300
     assert all(runner.records[name].reason == "step install failed" for name in ORDER[1:])
-    assert capsys.readouterr().out.splitlines() == [
-        "[gpu_check] install: failed in 0.0 s: exit code 2: made to fail",
-        "[gpu_check] horovod_build: skipped in 0.0 s (step install failed)"]
+    # the steps it blocked print no line, the build neither (their reason is in the record)
+    assert capsys.readouterr().out.splitlines() == ["[gpu_check] install: failed in 0.0 s: exit code 2: made to fail"]
+    assert runner.records["horovod_build"].reason == "step install failed"
     settings = runner.ctx.settings
     settings.out.mkdir()
     assert write(settings, runner.ctx.found, list(runner.records.values()), None, runner.clock) == 1
@@ -139,11 +141,43 @@ def test_steps_left_out_are_skipped_but_install_still_probes(tmp_path, capsys):
     assert [(what, name) for what, name, _ in done] == [("left_out", "install"), ("run", "amp_bf16")]
     assert done[0][2] == 120  # install's box: amp_bf16 keeps back 15 s of 300
     assert all(runner.records[name].reason == "not in GPU_CHECK_STEPS" for name in ORDER if name != "amp_bf16")
-    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [
-        "[gpu_check] amp_bf16", "[gpu_check] horovod_build"]
+    # a step not selected prints no line, a background one neither
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == ["[gpu_check] amp_bf16"]
 
 
 def test_a_step_without_its_kind_of_action_is_refused(tmp_path):
     runner, _ = check(tmp_path)
     with pytest.raises(ValueError, match="horovod_build: no background step"):
         Runner(STEPS, {**ACTIONS, "horovod_build": ACTIONS["ddp"]}, runner.ctx, runner.clock)
+
+
+class StartedBuild(FakeBuild):
+    """A build that starts a command (which exits at once)."""
+
+    def prepare(self, ctx, record) -> Launch:
+        self.done.append(("prepare", record.name, None))
+        return Launch([sys.executable, "-c", "pass"], shown="build", env=dict(os.environ))
+
+    def finished(self, ctx, record, output) -> None:
+        self.done.append(("finished", record.name, record.limit_s))
+
+
+def test_the_builds_box_is_rounded_and_a_build_without_time_fails_with_its_line(tmp_path, capsys):
+    runner, done = check(tmp_path, only=("ddp", "horovod_build"))
+    runner.actions = {**runner.actions, "horovod_build": StartedBuild(done)}
+    runner.clock = Clock.started(100.0 / 3)  # a budget whose seconds left are not round
+    runner.run()
+    build = runner.records["horovod_build"]
+    assert build.outcome == "ok" and build.limit_s == round(build.limit_s, 1) and 0 < build.limit_s <= 100 / 3
+    assert ("finished", "horovod_build", build.limit_s) in done
+    capsys.readouterr()
+
+    runner, done = check(tmp_path, only=("ddp", "horovod_build"))
+    runner.actions = {**runner.actions, "horovod_build": StartedBuild(done)}
+    runner.clock = Clock.started(0.0)  # nothing left once ddp has run
+    runner.run()
+    build = runner.records["horovod_build"]
+    assert build.outcome == "failed" and build.error == "no time left in the budget of 300 s", build
+    assert not [entry for entry in done if entry[0] == "finished"]
+    lines = capsys.readouterr().out.splitlines()
+    assert "[gpu_check] horovod_build: failed in" in "\n".join(lines) and len(lines) == 2, lines
