@@ -12,7 +12,7 @@ from settings import ACROSS_HOSTS, DEMO
 from common.rundir.names import SUMMARY_FILE
 
 # Fixtures of their own modules: `cluster`, the simulated two-host cluster, and `slurm`, Slurm on it (one per session)
-pytest_plugins = ("cluster", "slurm_cluster")
+pytest_plugins = ("cluster", "slurm_cluster", "cpu_census")
 
 # A suite started in the background (`make test &`, nohup in a script) inherits SIGINT ignored, and so would
 # every job it starts; the tests send SIGINT as a terminal's Ctrl-C does, so jobs start with the default.
