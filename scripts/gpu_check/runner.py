@@ -117,8 +117,8 @@ class Runner:
     def _no_time_left(self, spec: StepSpec, record: StepRecord) -> bool:
         """Whether `record`'s box is too short for the step to start; if so it failed, saying so."""
         settings = self.ctx.settings
-        if record.limit_s is not None and (record.limit_s < spec.reserve_s.on(settings.device)
-                                           or record.limit_s <= 0):
+        limit = record.limit_s or 0.0
+        if limit < spec.reserve_s.on(settings.device) or limit <= 0:
             record.outcome, record.error = "failed", f"no time left in the budget of {settings.budget:.0f} s"
             return True
         return False
@@ -178,11 +178,11 @@ class Runner:
         except Skipped as exc:
             record.reason = str(exc)
             return
-        record.commands.append(launch.shown)
         record.limit_s = round(background_box(spec, self.specs, settings.only, settings.device, self.clock.left()),
                                1)
-        if self._no_time_left(spec, record):
+        if self._no_time_left(spec, record):  # its command never starts, so the record lists none
             return
+        record.commands.append(launch.shown)
         log = settings.work / "logs" / f"{spec.name}.log"
         record.log = str(log.relative_to(settings.work))
         process = self.ctx.commands.start(launch.command, log, launch.env)
