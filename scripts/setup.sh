@@ -16,6 +16,10 @@ CACHE_DIR="${HVD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-ddp-compare/wh
 
 # pip here warns about every configured local index folder it cannot find; hide only those lines.
 quiet_pip() { "$PY" -m pip "$@" 2> >(grep -v "^WARNING: Location .* is ignored" >&2); }
+# uv installs the dependencies: it links them from its cache (~/.cache/uv) where pip would unpack about 6 GB of
+# wheels (torch and its CUDA libraries) again for every new .venv, which takes minutes.
+UV="$VENV/bin/uv"
+uv_install() { "$UV" pip install -q --python "$PY" "$@"; }
 
 log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -49,10 +53,11 @@ if [ ! -x "$PY" ]; then
     python3 -m venv "$VENV"
 fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
-    log "installing the project and its pinned dependencies into .venv (torch is large: minutes)"
-    quiet_pip install -q --upgrade pip setuptools wheel
-    # Horovod's build imports torch and these, so they must be there first (no build isolation).
-    quiet_pip install -q -e "$ROOT[test]"
+    log "installing the project and its pinned dependencies into .venv (torch is large: minutes the first time)"
+    quiet_pip install -q "uv==0.13.*"
+    # Horovod's build imports torch and these, so they must be there first (no build isolation). Bytecode is
+    # compiled here, once: every rank of every run imports torch.
+    uv_install --compile-bytecode setuptools wheel -e "$ROOT[test]"
     echo "$want" > "$STAMP"
 else
     log "project already installed in .venv"
@@ -103,7 +108,7 @@ else
     else
         log "reusing cached wheel $wheel"
     fi
-    quiet_pip install -q --no-deps --force-reinstall "$wheel"
+    uv_install --no-deps --reinstall --compile-bytecode "$wheel"
 fi
 
 # --- 4. the build must have PyTorch, Gloo and MPI ---------------------------------------------
