@@ -17,9 +17,10 @@ from typing import List, Optional, Sequence, Set, Tuple
 import libcst as cst
 
 from .bindings import Bindings
-from .context import code
+from .context import Context, code
 from .names import dotted
-from .plan import Placed, single
+from .plan import Placed, Wrap, single
+from .rule import WrapIn
 
 ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.Power)
 
@@ -184,3 +185,15 @@ def sites(backwards: Sequence[Placed], optimizer: str, model: str,
         else:
             unclear.append(placed)
     return found, unclear
+
+
+def under_no_sync(site: Site, wrap: Wrap, port: Context) -> WrapIn:
+    """The rule of a site: its passes under `with contextlib.nullcontext() if COND else model.no_sync():`."""
+    port.imports.add("contextlib")
+    passes = code(wrap.options["backward_passes_per_step"])
+    port.change(site.placed.line, "backward_passes_per_step",
+                f"the forward and backward passes run under {wrap.model}.no_sync() unless {site.condition}: DDP "
+                f"averages the gradients on the last pass before {wrap.target}.step() only, as Horovod did every "
+                f"{passes} passes")
+    return WrapIn(site.first, site.placed.index,
+                  f"with contextlib.nullcontext() if {site.condition} else {wrap.model}.no_sync():")

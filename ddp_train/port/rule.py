@@ -1,8 +1,9 @@
 """What a rule reads and what it returns: a statement rule is a function of one `StatementSite` (a statement where
 an idiom is, with what the port knows around it) that returns a `Replace` or None (left as written); the rules of
-port.wrapped return `Unwrap` and `Through`. The porter (port.transform) finds the sites, asks the rules and applies
-their edits. Rules record what they did in the port's report, and ask for the imports and helpers their text uses,
-through `StatementSite.port`."""
+port.wrapped return `Unwrap` and `Through`, those of port.expressions an `Expression`, port.accumulation's a
+`WrapIn`. The porter (port.transform)
+finds the sites, asks the rules and applies their edits. Rules record what they did in the port's report, and ask
+for the imports and helpers their text uses, through `StatementSite.port`."""
 
 from __future__ import annotations
 
@@ -37,6 +38,26 @@ class Replace:
 
     texts: Tuple[str, ...] = ()
     comments: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Expression:
+    """A Horovod call or name inside an expression, ported (port.expressions): `text`, the DDP expression; what it
+    `does`, in the report's words; and where it can train otherwise than Horovod, how (`effect`; None: it cannot)."""
+
+    text: str
+    does: str
+    effect: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class WrapIn:
+    """Statements `first` to `last` of a block (indices into its body, as the script wrote it) put, as the rewrite
+    made them, under a compound statement whose first line is `header` (e.g. `with model.no_sync():`)."""
+
+    first: int
+    last: int
+    header: str
 
 
 @dataclass(frozen=True)

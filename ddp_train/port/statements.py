@@ -129,9 +129,8 @@ def in_place(site: StatementSite) -> Result:
     found = expressions.in_place_statement(site.port, api, site.call)
     if found is None:
         return None
-    text, does = found
-    site.port.change(site.line, f"hvd.{api}", f"{code(site.call.func)}(...) -> {text}: {does}")
-    return Replace((text,))
+    site.port.change(site.line, f"hvd.{api}", f"{code(site.call.func)}(...) -> {found.text}: {found.does}")
+    return Replace((found.text,))
 
 
 def synchronize(site: StatementSite) -> Result:

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union, c
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from . import expressions, statements, wrapped
+from . import accumulation, expressions, statements, wrapped
 from .accumulation import Site
 from .bindings import Bindings
 from .context import Context, above, code, with_above
@@ -174,7 +174,8 @@ class Porter(cst.CSTTransformer):
         return [cast(cst.BaseStatement, made)]
 
     def _with_no_sync(self, block: cst.IndentedBlock) -> List[cst.BaseStatement]:
-        """The block's statements, each site's passes under `with nullcontext() if COND else model.no_sync():`."""
+        """The block's statements as the rewrite made them, each no_sync site's passes wrapped as its rule says
+        (port.accumulation)."""
         starts = {site.first: (site, wrap) for site, wrap in self.sites.values() if site.placed.block is block}
         body: List[cst.BaseStatement] = []
         index = 0
@@ -183,21 +184,14 @@ class Porter(cst.CSTTransformer):
                 body += self._made(block.body[index])
                 index += 1
                 continue
-            site, wrap = starts[index]
-            inner = [s for i in range(index, site.placed.index + 1) for s in self._made(block.body[i])]
+            edit = accumulation.under_no_sync(*starts[index], self.ctx)
+            inner = [s for i in range(edit.first, edit.last + 1) for s in self._made(block.body[i])]
             inner = self._without_removed(inner)
-            self.ctx.imports.add("contextlib")
-            header = self.parse(f"with contextlib.nullcontext() if {site.condition} else {wrap.model}.no_sync():"
-                                "\n    pass")
-            assert isinstance(header, cst.With) and isinstance(header.body, cst.IndentedBlock)
-            passes = code(wrap.options["backward_passes_per_step"])
-            self.ctx.change(site.placed.line, "backward_passes_per_step",
-                            f"the forward and backward passes run under {wrap.model}.no_sync() unless "
-                            f"{site.condition}: DDP averages the gradients on the last pass before "
-                            f"{wrap.target}.step() only, as Horovod did every {passes} passes")
+            header = self.parse(f"{edit.header}\n    pass")
+            assert isinstance(header, cst.BaseCompoundStatement) and isinstance(header.body, cst.IndentedBlock)
             body.append(header.with_changes(leading_lines=above(inner[0]), body=header.body.with_changes(
                 body=[with_above(inner[0], []), *inner[1:]])))
-            index = site.placed.index + 1
+            index = edit.last + 1
         return body
 
     # -- compound statements ---------------------------------------------------------------------------------------
@@ -237,10 +231,9 @@ class Porter(cst.CSTTransformer):
         found = rule(self.ctx, api, updated_node, self.bindings.scope_of(original_node))
         if found is None:
             return updated_node
-        text, does = found
-        self.ctx.change(self.line(original_node), f"hvd.{api}", f"{code(original_node.func)}(...) -> {text}: {does}"
-                        if original_node.args else f"{code(original_node)} -> {text}: {does}")
-        return cst.parse_expression(text, config=self.config)
+        text = f"{code(original_node.func)}(...)" if original_node.args else code(original_node)
+        self.ctx.change(self.line(original_node), f"hvd.{api}", f"{text} -> {found.text}: {found.does}")
+        return cst.parse_expression(found.text, config=self.config)
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         api = self.ctx.names.api(original_node)
@@ -264,10 +257,9 @@ class Porter(cst.CSTTransformer):
         found = expressions.constant(self.ctx, api)
         if found is None:
             return updated
-        text, does, otherwise = found
-        self.ctx.change(self.line(original), f"hvd.{api}", f"{code(original)} -> {text}: {does}",
-                        changes_training=otherwise is not None, effect=otherwise)
-        return cst.parse_expression(text, config=self.config)
+        self.ctx.change(self.line(original), f"hvd.{api}", f"{code(original)} -> {found.text}: {found.does}",
+                        changes_training=found.effect is not None, effect=found.effect)
+        return cst.parse_expression(found.text, config=self.config)
 
     # -- blocks: removed statements leave their blank lines, and no block is left empty -------------------------------
 
