@@ -55,6 +55,9 @@ fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
     log "installing the project and its pinned dependencies into .venv (torch is large: minutes the first time)"
     quiet_pip install -q "uv==0.13.*"
+    # uv reads its own settings, not pip's: where pip is given a package index (a mirror), uv takes the same one.
+    index="${PIP_INDEX_URL:-$("$PY" -m pip config get global.index-url 2>/dev/null || true)}"
+    if [ -n "$index" ]; then export UV_DEFAULT_INDEX="$index"; fi
     # Horovod's build imports torch and these, so they must be there first (no build isolation). Bytecode is
     # compiled here, once: every rank of every run imports torch.
     uv_install --compile-bytecode setuptools wheel -e "$ROOT[test]"
