@@ -17,7 +17,7 @@ test: setup lint
 
 # ruff and mypy over the project (their settings: pyproject.toml). mypy's cache lies outside the clone, so that a
 # new clone checks only what changed (the cache checks each file's hash).
-MYPY_CACHE_DIR ?= $(HOME)/.cache/hvd-ddp-compare/mypy
+MYPY_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/hvd-ddp-compare/mypy
 lint: setup
 	@$(VENV)/bin/ruff check .
 	@MYPY_CACHE_DIR=$(MYPY_CACHE_DIR) $(VENV)/bin/mypy

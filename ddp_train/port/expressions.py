@@ -49,8 +49,8 @@ def init(ctx: Context) -> Expression:
     ctx.imports.add("torch")
     backend = f"{ctx.string('cpu:gloo,cuda:nccl')} if torch.cuda.is_available() else {ctx.string('gloo')}"
     return Expression(f"{ctx.dist}.init_process_group({backend})",
-            "joins torchrun's process group: Gloo for CPU tensors, NCCL for CUDA ones where CUDA is available "
-            "(Horovod's collectives take CPU tensors on GPU machines too)")
+                      "joins torchrun's process group: Gloo for CPU tensors, NCCL for CUDA ones where CUDA is "
+                      "available (Horovod's collectives take CPU tensors on GPU machines too)")
 
 
 def _op(names: HorovodNames, options: Dict[str, cst.BaseExpression], scope: Optional[Scope] = None) -> Optional[str]:
@@ -112,10 +112,10 @@ def collective(ctx: Context, api: str, call: cst.Call, scope: Optional[Scope]) -
         return Expression(reduced.text, reduced.does + _named(options))
     if api == "allgather" and "tensor" in options:
         return Expression(f"{ctx.helper('all_gathered')}({code(options['tensor'])})",
-                "every rank's tensor concatenated along the first dimension" + _named(options))
+                          "every rank's tensor concatenated along the first dimension" + _named(options))
     if api == "allgather_object" and "obj" in options:
         return Expression(f"{ctx.helper('all_gathered_objects')}({code(options['obj'])})",
-                "every rank's object, in a list" + _named(options))
+                          "every rank's object, in a list" + _named(options))
     if api in ("broadcast", "broadcast_") and "tensor" in options and "root_rank" in options:
         tensor, root = code(options["tensor"]), code(options["root_rank"])
         copied = f"{ctx.helper('broadcasted')}({tensor}, {root})"
@@ -130,7 +130,7 @@ def collective(ctx: Context, api: str, call: cst.Call, scope: Optional[Scope]) -
         root = code(given) if given is not None else "0"
         src = "" if root == "0" else f", {root}"
         return Expression(f"{ctx.helper('broadcasted_object')}({code(options['obj'])}{src})",
-                f"rank {root}'s object" + _named(options))
+                          f"rank {root}'s object" + _named(options))
     return None
 
 

@@ -1,9 +1,8 @@
 """What a rule reads and what it returns: a statement rule is a function of one `StatementSite` (a statement where
 an idiom is, with what the port knows around it) that returns a `Replace` or None (left as written); the rules of
 port.wrapped return `Unwrap` and `Through`, those of port.expressions an `Expression`, port.accumulation's a
-`WrapIn`. The porter (port.transform)
-finds the sites, asks the rules and applies their edits. Rules record what they did in the port's report, and ask
-for the imports and helpers their text uses, through `StatementSite.port`."""
+`WrapIn`. The porter (port.transform) finds the sites, asks the rules and applies their edits. Rules record what they
+did in the port's report, and ask for the imports and helpers their text uses, through `StatementSite.port`."""
 
 from __future__ import annotations
 
