@@ -203,6 +203,13 @@ def max_abs_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> floa
     return max(float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0 for k in a)
 
 
+def share_apart(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], by: float) -> float:
+    """The share of the weights of two state_dicts (same keys) that differ by more than `by`."""
+    assert a.keys() == b.keys()
+    apart = sum(int(((a[k].double() - b[k].double()).abs() > by).sum()) for k in a)
+    return apart / sum(a[k].numel() for k in a)
+
+
 def assert_summary_leads(out: Path) -> None:
     """A comparison's report opens with the summary every mode writes (--runs, --scripts, --hosts, --slurm: one
     builder, common/compare/report.py): its table first, with summary.json's cells, then the speed and runs lines."""

@@ -12,7 +12,7 @@ import stat
 import pytest
 from PIL import Image
 
-from launched import assert_summary_leads, compare, compare_in_process, max_abs_diff, read_run
+from launched import assert_summary_leads, compare, compare_in_process, max_abs_diff, read_run, share_apart
 from settings import ADAM_LR, convnet_run, mlp_run
 from common.compare.floor import DEFAULT_FLOOR_RUNS
 from common.rundir.names import SUMMARY_FILE
@@ -131,7 +131,9 @@ def test_world_size_3_pair_is_equal_within_its_measured_gap(runs, tmp_path):
     gap this pair measured; the report must give that gap."""
     ddp, hvd = convnet_run(runs, "torchrun", np=3), convnet_run(runs, "horovodrun-gloo", np=3)
     gap = max_abs_diff(ddp.run["model"], hvd.run["model"])
-    assert 0 < gap < 0.5 * ADAM_LR, gap  # apart by rounding, not trained differently
+    assert gap > 0
+    # apart by rounding, not trained differently (test_parity says why this is the measure)
+    assert share_apart(ddp.run["model"], hvd.run["model"], by=ADAM_LR / 10) < 1e-3
     result = compare_in_process("--runs", ddp.dir, hvd.dir, "--out", tmp_path,
                                 "--tolerance", f"{max(1e-5, 2 * gap):.1e}")
     assert result.returncode == 0, result.output

@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-from launched import backend_of, max_abs_diff, read_run, step_losses
+from launched import backend_of, max_abs_diff, read_run, share_apart, step_losses
 from settings import ADAM_LR, LAUNCHERS, TWO_RANK, convnet_run, mlp_run, processes
 from common.rundir.names import MODEL_FILE
 
@@ -83,13 +83,15 @@ def test_single_process_backends_identical(runs):
 def test_world_size_3_differs_only_by_the_order_of_the_sum(runs):
     """At 3 ranks DDP divides each gradient by 3 before the allreduce and Horovod after it, and they
     group the sum differently: the weights differ by rounding, not by training. Adam carries a last-bit
-    difference further than SGD, and how far changes from run to run (Horovod's fusion follows timing:
-    1e-7 to 3e-5 after these 30 steps), so the bound is half an Adam step (about lr per weight), far below
-    what a different training gives."""
+    difference further than SGD: where a gradient is near zero, rounding can flip the sign of a whole Adam step
+    (about lr), so a few weights may end apart by that much (how many changes from run to run: Horovod's fusion
+    follows timing). Training differently moves most weights by more than a tenth of a step; rounding, fewer
+    than one in a thousand."""
     ddp, hvd = convnet_run(runs, "torchrun", np=3).run, convnet_run(runs, "horovodrun-gloo", np=3).run
     assert ddp["summary"]["world_size"] == hvd["summary"]["world_size"] == 3
     assert ddp["summary"]["weights_sha256"] != hvd["summary"]["weights_sha256"]
-    assert 0 < max_abs_diff(ddp["model"], hvd["model"]) < 0.5 * ADAM_LR
+    assert max_abs_diff(ddp["model"], hvd["model"]) > 0
+    assert share_apart(ddp["model"], hvd["model"], by=ADAM_LR / 10) < 1e-3
     assert step_losses(hvd) == pytest.approx(step_losses(ddp), rel=1e-4)
     # Where each divides by the world size, from what each built: the hook DDP registered and DDP's own
     # record of it, the op and predivide factor of Horovod's DistributedOptimizer.
