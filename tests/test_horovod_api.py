@@ -208,6 +208,35 @@ COLLECTIVES = textwrap.dedent('''
     # the timeline (rank 0 writes it), then shutdown and init again
     hvd.start_timeline(os.path.join(out_dir, "timeline.json"))
     hvd.barrier()  # no rank asks for "timed" before rank 0 records
+    # buckets: from its second step on, a DistributedOptimizer asks for its gradients by bucket; at the last step
+    # rank 1 computes no gradient for the second layer (zeros stand in). Named collectives only, after the join.
+    net5 = model()
+    opt5 = hvd.DistributedOptimizer(torch.optim.SGD(net5.parameters(), lr=0.1),
+                                    named_parameters=net5.named_parameters())
+    got["bucket_average"] = []
+    for step in range(3):
+        alone5 = model()  # this rank's own gradients, from a copy without the optimizer's hooks
+        alone5.load_state_dict(net5.state_dict())
+        torch.manual_seed(200 + 10 * step + r)
+        x5, t5 = torch.randn(8, 4), torch.randn(8, 2)
+
+        def loss5(m):
+            return m[0](x5).sum() if r == 1 and step == 2 else F.mse_loss(m(x5), t5)
+        loss5(alone5).backward()
+        opt5.zero_grad()
+        loss5(net5).backward()
+        opt5.synchronize()
+        every5 = [hvd.allgather((q.grad if q.grad is not None else torch.zeros_like(q)).unsqueeze(0),
+                                name=f"local.{step}.{i}") for i, q in enumerate(alone5.parameters())]
+        got["bucket_average"].append(max(float((p.grad.double() - e.double().mean(0)).abs().max())
+                                         for p, e in zip(net5.parameters(), every5)))
+        with opt5.skip_synchronize():
+            opt5.step()
+    opt5.zero_grad()
+    F.mse_loss(net5(x5), t5).backward()
+    got["bucket_zero_grad_refused"] = errors(lambda: opt5.zero_grad())
+    got["bucket_twice"] = errors(lambda: F.mse_loss(net5(x5), t5).backward())
+    opt5.synchronize()
     hvd.allreduce(torch.ones(2), name="timed")
     hvd.stop_timeline()
     hvd.shutdown()
@@ -361,6 +390,11 @@ def test_distributed_optimizer(collectives):
         assert got["duplicate_names"][0] == "ValueError" and "unique" in got["duplicate_names"][1]
         assert got["missing_names"][0] == "ValueError" and "not named" in got["missing_names"][1]
         assert got["sparse_weights_agree"] == 0.0
+        # by bucket: the same averages, zeros where a rank computed no gradient, the same refusals
+        assert max(got["bucket_average"]) < 1e-6
+        assert "zero_grad() was called after loss.backward()" in got["bucket_zero_grad_refused"][1]
+        assert got["bucket_twice"][0] == "AssertionError"
+        assert "more than backward_passes_per_step times" in got["bucket_twice"][1]
 
 
 def test_broadcast_optimizer_state_takes_horovods_zero_step(collectives):
@@ -379,6 +413,10 @@ def test_timeline_and_reinit(collectives):
     names = {e.get("name") for e in events}
     assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= names
     assert any(e.get("args", {}).get("name") == "allreduce.timed" for e in events)
+    # the bucketed optimizer: its first step one request per gradient, then the layout agreed, then one bucket
+    timed = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {"allreduce.0.weight", "allreduce.2.bias", "allreduce.horovod_api.buckets"} <= timed
+    assert "allreduce.bucket.2.bias..0.weight" in timed
     for got in collectives["ranks"]:
         initialized, error = got["after_shutdown"]
         assert initialized is False and error[0] == "ValueError" and "hvd.init()" in error[1]

@@ -7,7 +7,9 @@ accumulated it (so communication overlaps the rest of backward; the coordinator 
 together into one buffer), and `step()` (or `synchronize()`) waits for them and puts the averages into `.grad`.
 Parameters whose gradient was not computed on a rank are reduced with zeros, so every rank takes part.
 The checks that every rank's gradient has the same shape and type run on the first step only: a model's parameters
-keep their shapes, so later steps' allreduces skip them."""
+keep their shapes, so later steps' allreduces skip them. From the second step on, dense gradients are asked for by
+bucket (buckets.py), one request for many gradients, where the reduction is the same element by element: no groups,
+no compression or float16's, fusion on (HOROVOD_FUSION_THRESHOLD > 0)."""
 
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ from typing import Any, Dict, Iterator, List, Sequence, Set, Tuple
 import torch
 
 from . import runtime
-from .compression import Compression
-from .dtypes import ADASUM, AVERAGE
+from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, Bucket, Slot, digest, layout
+from .compression import Compression, FP16Compressor, NoneCompressor
+from .dtypes import ADASUM, AVERAGE, MAX
 from .exceptions import ADASUM_REFUSED
 from .functions import broadcast_object
 from .enqueue import synchronize
-from .mpi_ops import _allreduce_async, grouped_allreduce_async_, sparse_allreduce_async
+from .mpi_ops import _allreduce_async, allreduce, grouped_allreduce_async_, sparse_allreduce_async
 from .process_sets import ProcessSet, global_process_set
 
 
@@ -36,6 +39,10 @@ def split_list(items: Sequence[Any], parts: int) -> List[List[Any]]:
 def _duplicates(names: Sequence[str]) -> Set[str]:
     seen: Set[str] = set()
     return {name for name in names if name in seen or seen.add(name)}  # type: ignore[func-returns-value]
+
+
+TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before call to step(). "
+                   "Increase backward_passes_per_step to accumulate gradients locally.")
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -95,6 +102,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups = groups
         self._p_to_group: Dict[torch.Tensor, Tuple[torch.Tensor, ...]] = {}
         self._group_counts: Dict[Tuple[torch.Tensor, ...], int] = {}
+        self._bucket_of: Dict[torch.Tensor, Bucket] = {}
+        self._buckets: List[Bucket] = []
+        self._buckets_gen = -1  # the generation (hvd.init) the buckets were agreed in
         if process_set.included() and (runtime.size() > 1 or runtime.active().settings.elastic):
             self._register_hooks()
 
@@ -104,6 +114,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
+        for bucket in self._buckets:
+            bucket.arrived = 0
         super().load_state_dict(*args, **kwargs)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
@@ -149,13 +161,69 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 return sparse_allreduce_async(p.grad, name=str(name), op=self.op, process_set=self.process_set), None
         compressed, ctx = self._compression.compress(tensor)
-        if self.op == AVERAGE:
-            # The average split around the sum: 1/f before, f/size after (Horovod's gradient_predivide_factor).
-            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        else:
-            prescale, postscale = 1.0, 1.0
+        prescale, postscale = self._scales()
         handle = _allreduce_async(compressed, compressed, name, self.op, prescale, postscale, self.process_set,
                                   checked=self._checked)
+        return handle, ctx
+
+    def _scales(self) -> Tuple[float, float]:
+        if self.op == AVERAGE:
+            # The average split around the sum: 1/f before, f/size after (Horovod's gradient_predivide_factor).
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    # --- buckets (from the second step on) -----------------------------------------------------------------------
+    def _may_bucket(self) -> bool:
+        """Whether a bucket's flat tensor reduces as its members would one by one: no groups (the script's own
+        grouping), a compression that works element by element, fusion on."""
+        return (bool(self._requires_update) and self._groups is None
+                and self._compression in (NoneCompressor, FP16Compressor)
+                and runtime.active().settings.fusion_threshold > 0)
+
+    def _form_buckets(self) -> None:
+        """After this generation's first step: the buckets of the dense gradients, if every rank formed the same."""
+        state = runtime.active()
+        self._buckets_gen = state.gen
+        params = [p for group in self.param_groups for p in group["params"]
+                  if p in self._requires_update and p.grad is not None and not p.grad.is_sparse]
+        ordered = params[::-1]  # backward produces the last layers' gradients first
+        cap = min(BUCKET_BYTES, state.settings.fusion_threshold)
+        slots = [Slot(i, p.numel() * p.element_size(), (p.dtype, p.device)) for i, p in enumerate(ordered)]
+        formed = [[ordered[i] for i in members] for members in layout(slots, cap, min(FIRST_BUCKET_BYTES, cap))]
+        names = [[str(self._parameter_names.get(p)) for p in members] for members in formed]
+        mine = digest(names)
+        every = allreduce(torch.tensor([mine, -mine], dtype=torch.int64), name="horovod_api.buckets", op=MAX,
+                          process_set=self.process_set)
+        if every.tolist() != [mine, -mine]:
+            return  # the ranks formed different buckets: every gradient stays a request of its own
+        for members, member_names in zip(formed, names, strict=True):
+            if len(members) > 1:  # one gradient alone is reduced in place, without a copy
+                bucket = Bucket(f"bucket.{member_names[0]}..{member_names[-1]}", members)
+                self._buckets.append(bucket)
+                self._bucket_of.update((p, bucket) for p in members)
+
+    def _drop_buckets(self) -> None:
+        self._buckets, self._bucket_of = [], {}
+
+    def _bucket_arrived(self, p: torch.Tensor, bucket: Bucket) -> None:
+        if self._allreduce_delay[p] <= 0:
+            raise AssertionError(TOO_MANY_PASSES)
+        assert p.grad is not None and not p.grad.requires_grad
+        self._allreduce_delay[p] -= 1
+        if self._allreduce_delay[p] == 0:
+            bucket.arrived += 1
+            if bucket.arrived == len(bucket.params):
+                self._handles[bucket] = self._allreduce_bucket_async(bucket)
+                return
+        self._handles.setdefault(bucket, (None, None))  # begun (zero_grad() now is the script's error)
+
+    def _allreduce_bucket_async(self, bucket: Bucket) -> Tuple[Any, Any]:
+        bucket.arrived = 0
+        compressed, ctx = self._compression.compress(bucket.flat())
+        prescale, postscale = self._scales()
+        handle = _allreduce_async(compressed, compressed, bucket.name, self.op, prescale, postscale,
+                                  self.process_set, checked=bucket.checked)
+        bucket.checked = True
         return handle, ctx
 
     def _grouped_allreduce_grad_async(self, params: Tuple[torch.Tensor, ...]) -> Tuple[Any, Any]:
@@ -166,9 +234,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p: torch.Tensor):
         def hook(*unused: Any) -> None:
+            bucket = self._bucket_of.get(p)
+            if bucket is not None:
+                if runtime.STATE.gen == self._buckets_gen:
+                    self._bucket_arrived(p, bucket)
+                    return
+                self._drop_buckets()  # a new generation (elastic reset, init again): its first step is one by one
             if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
-                raise AssertionError("Gradients were computed more than backward_passes_per_step times before call "
-                                     "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+                raise AssertionError(TOO_MANY_PASSES)
             assert p.grad is not None and not p.grad.requires_grad
             assert self._allreduce_delay[p] > 0
             handle, ctx = None, None
@@ -194,9 +267,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
-        completed: Set[torch.Tensor] = set()
+        if self._buckets and runtime.STATE.gen != self._buckets_gen:
+            self._drop_buckets()
+        completed: Set[torch.Tensor] = set(self._bucket_of)
         for key in self._handles:
-            completed.update(key) if isinstance(key, tuple) else completed.add(key)
+            if not isinstance(key, Bucket):
+                completed.update(key) if isinstance(key, tuple) else completed.add(key)
         missing = self._requires_update - completed
         if self._groups is not None:
             # A group some of whose gradients were not computed here: reduced as the group, with zeros for those, so
@@ -211,11 +287,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 missing -= set(group)
         for p in missing:
             self._handles[p] = self._allreduce_grad_async(p)
+        for bucket in self._buckets:  # a bucket some of whose gradients did not come: zeros for those
+            if self._handles.get(bucket, (None, None))[0] is None:
+                self._handles[bucket] = self._allreduce_bucket_async(bucket)
         for p, (handle, _) in list(self._handles.items()):
             if handle is None:
                 self._handles[p] = self._allreduce_grad_async(p)
         try:
             for key, (handle, ctx) in self._handles.items():
+                if isinstance(key, Bucket):
+                    key.scatter(self._compression.decompress(synchronize(handle), ctx))
+                    for member in key.params:
+                        self._allreduce_delay[member] = self.backward_passes_per_step
+                    continue
                 if isinstance(key, tuple):
                     outputs = synchronize(handle)
                     for member, output, member_ctx in zip(key, outputs, ctx, strict=True):
@@ -239,8 +323,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     key.grad.set_(self._compression.decompress(output, ctx))
         finally:
             self._handles.clear()
+            for bucket in self._buckets:
+                bucket.arrived = 0
         self._checked = True
         self._synchronized = True
+        if self._buckets_gen != runtime.STATE.gen and self._may_bucket():
+            self._form_buckets()
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:

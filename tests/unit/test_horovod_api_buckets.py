@@ -1,0 +1,50 @@
+"""How the Horovod API's DistributedOptimizer forms its buckets, and a bucket's round trip (no launch)."""
+
+from __future__ import annotations
+
+import torch
+
+from ddp_train.horovod_api.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, Bucket, Slot, digest, layout
+
+F32 = (torch.float32, "cpu")
+F16 = (torch.float16, "cpu")
+
+
+def test_a_small_first_bucket_then_buckets_up_to_the_cap_in_backwards_order():
+    mib = 2 ** 20
+    slots = [Slot(i, mib // 2, F32) for i in range(8)]
+    assert layout(slots, cap=2 * mib, first_cap=mib) == [[0, 1], [2, 3, 4, 5], [6, 7]]
+    # DDP's defaults: 1 MiB first, 25 MiB after
+    assert FIRST_BUCKET_BYTES == mib and BUCKET_BYTES == 25 * mib
+
+
+def test_a_gradient_larger_than_the_cap_is_a_bucket_alone_and_a_type_change_starts_a_bucket():
+    slots = [Slot(0, 10, F32), Slot(1, 500, F32), Slot(2, 10, F32), Slot(3, 10, F16), Slot(4, 10, F16)]
+    assert layout(slots, cap=100, first_cap=100) == [[0], [1], [2], [3, 4]]
+    assert layout([], cap=100) == []
+
+
+def test_the_digest_tells_layouts_apart():
+    one = digest([["a", "b"], ["c"]])
+    assert 1 <= one < 2 ** 62
+    assert one == digest([["a", "b"], ["c"]])
+    assert one != digest([["a"], ["b", "c"]])
+    assert one != digest([["b", "a"], ["c"]])
+
+
+def test_a_bucket_flattens_its_gradients_with_zeros_for_a_missing_one_and_writes_back_in_place():
+    weight = torch.nn.Parameter(torch.zeros(2, 3))
+    bias = torch.nn.Parameter(torch.zeros(3))
+    strided = torch.nn.Parameter(torch.zeros(3, 2))
+    weight.grad = torch.arange(6.0).view(2, 3)
+    strided.grad = torch.arange(6.0).view(2, 3).t()  # not contiguous
+    bucket = Bucket("bucket.w..s", [weight, bias, strided])
+    grads = [weight.grad, strided.grad]
+    flat = bucket.flat()
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5, 0, 0, 0, 0, 3, 1, 4, 2, 5]
+    assert bias.grad is not None and bias.grad.tolist() == [0, 0, 0]
+    bucket.scatter(flat * 2)
+    assert weight.grad is grads[0] and strided.grad is grads[1]  # the same tensors, written in place
+    assert weight.grad.tolist() == [[0, 2, 4], [6, 8, 10]]
+    assert strided.grad.tolist() == [[0, 6], [2, 8], [4, 10]]
+    assert bias.grad.tolist() == [0, 0, 0]
