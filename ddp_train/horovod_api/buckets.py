@@ -9,7 +9,7 @@ the same ones (a digest, agreed by one allreduce), and where they differ the gra
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, List, Sequence, Tuple
 
 import torch
@@ -54,28 +54,45 @@ def digest(names: Sequence[Sequence[str]]) -> int:
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "big") % (2 ** 62 - 1) + 1
 
 
-@dataclass(eq=False)
 class Bucket:
-    """Parameters whose gradients are reduced together: their request's name, and how many arrived this step."""
+    """Parameters whose gradients are reduced together: their request's name, a buffer that holds their gradients
+    one after the other (views of it in the parameters' shapes), each member's backward passes still to come before
+    its gradient counts (backward_passes_per_step), and how many members' gradients arrived this step."""
 
-    name: str
-    params: List[torch.Tensor]
-    arrived: int = 0
-    checked: bool = False  # every rank's request of it was matched once
-    sizes: List[int] = field(default_factory=list)
+    def __init__(self, name: str, params: List[torch.Tensor], passes: int) -> None:
+        self.name = name
+        self.params = params
+        self.passes = passes
+        self.delays = [passes] * len(params)
+        self.arrived = 0
+        self.checked = False  # every rank's request of it was matched once
+        self.grads: List[torch.Tensor] = []  # the gradients flat() read, which scatter() writes
+        first = params[0]
+        self.buffer = torch.empty(sum(p.numel() for p in params), dtype=first.dtype, device=first.device)
+        self.views = [part.view(p.shape) for part, p in zip(self.buffer.split([p.numel() for p in params]), params,
+                                                           strict=True)]
 
-    def __post_init__(self) -> None:
-        self.sizes = [p.numel() for p in self.params]
+    def restart(self, passes: int) -> None:
+        """A new step: every member's passes to come, none arrived."""
+        self.passes = passes
+        self.delays = [passes] * len(self.params)
+        self.arrived = 0
 
     def flat(self) -> torch.Tensor:
-        """The members' gradients, one after the other, in one new tensor (zeros where a gradient is missing)."""
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        return torch.cat([p.grad.reshape(-1) for p in self.params])  # type: ignore[union-attr]
+        """The members' gradients copied into the buffer (zeros where a gradient is missing): the buffer."""
+        grads = [p.grad for p in self.params]
+        if None in grads:
+            for i, p in enumerate(self.params):
+                if p.grad is None:
+                    p.grad = grads[i] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        torch._foreach_copy_(self.views, grads)  # type: ignore[arg-type]
+        self.grads = grads  # type: ignore[assignment]  # no None left
+        return self.buffer
 
     def scatter(self, reduced: torch.Tensor) -> None:
-        """The reduced flat tensor back into the members' gradients."""
-        grads = [p.grad for p in self.params]
-        parts = [part.view(g.shape) for part, g in zip(reduced.split(self.sizes), grads, strict=True)]  # type: ignore
-        torch._foreach_copy_(grads, parts)  # type: ignore[arg-type]
+        """The reduced flat tensor (the buffer, or a tensor like it) back, in place, into the gradients flat() read
+        (a list of tensors read once: a parameter's .grad is a call)."""
+        parts = self.views if reduced.data_ptr() == self.buffer.data_ptr() else [
+            part.view(view.shape) for part, view in zip(reduced.split([v.numel() for v in self.views]), self.views,
+                                                        strict=True)]
+        torch._foreach_copy_(self.grads, parts)

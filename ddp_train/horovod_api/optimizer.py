@@ -102,8 +102,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups = groups
         self._p_to_group: Dict[torch.Tensor, Tuple[torch.Tensor, ...]] = {}
         self._group_counts: Dict[Tuple[torch.Tensor, ...], int] = {}
-        self._bucket_of: Dict[torch.Tensor, Bucket] = {}
+        self._bucket_slots: Dict[int, Tuple[Bucket, int]] = {}  # id(parameter) -> its bucket, its place in it
         self._buckets: List[Bucket] = []
+        self._unbucketed: Set[torch.Tensor] = set()  # with buckets: the parameters reduced one by one
         self._buckets_gen = -1  # the generation (hvd.init) the buckets were agreed in
         if process_set.included() and (runtime.size() > 1 or runtime.active().settings.elastic):
             self._register_hooks()
@@ -115,7 +116,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
         for bucket in self._buckets:
-            bucket.arrived = 0
+            bucket.restart(self.backward_passes_per_step)
         super().load_state_dict(*args, **kwargs)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
@@ -123,6 +124,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = passes
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = passes
+        for bucket in self._buckets:
+            bucket.restart(passes)
 
     def _register_hooks(self) -> None:
         if self._groups is not None:
@@ -198,27 +201,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return  # the ranks formed different buckets: every gradient stays a request of its own
         for members, member_names in zip(formed, names, strict=True):
             if len(members) > 1:  # one gradient alone is reduced in place, without a copy
-                bucket = Bucket(f"bucket.{member_names[0]}..{member_names[-1]}", members)
+                bucket = Bucket(f"bucket.{member_names[0]}..{member_names[-1]}", members,
+                                self.backward_passes_per_step)
                 self._buckets.append(bucket)
-                self._bucket_of.update((p, bucket) for p in members)
+                self._bucket_slots.update((id(p), (bucket, i)) for i, p in enumerate(members))
+        bucketed = {id(p) for bucket in self._buckets for p in bucket.params}
+        self._unbucketed = {p for p in self._requires_update if id(p) not in bucketed}
 
     def _drop_buckets(self) -> None:
-        self._buckets, self._bucket_of = [], {}
+        self._buckets, self._bucket_slots = [], {}
 
-    def _bucket_arrived(self, p: torch.Tensor, bucket: Bucket) -> None:
-        if self._allreduce_delay[p] <= 0:
+    def _bucket_arrived(self, bucket: Bucket, index: int) -> None:
+        # The hook of every gradient of every step: only list and attribute arithmetic here.
+        delays = bucket.delays
+        if delays[index] <= 0:
             raise AssertionError(TOO_MANY_PASSES)
-        assert p.grad is not None and not p.grad.requires_grad
-        self._allreduce_delay[p] -= 1
-        if self._allreduce_delay[p] == 0:
+        delays[index] -= 1
+        if delays[index] == 0:
             bucket.arrived += 1
-            if bucket.arrived == len(bucket.params):
+            if bucket.arrived == len(delays):
                 self._handles[bucket] = self._allreduce_bucket_async(bucket)
                 return
-        self._handles.setdefault(bucket, (None, None))  # begun (zero_grad() now is the script's error)
+        if bucket not in self._handles:
+            self._handles[bucket] = (None, None)  # begun (zero_grad() now is the script's error)
 
     def _allreduce_bucket_async(self, bucket: Bucket) -> Tuple[Any, Any]:
-        bucket.arrived = 0
         compressed, ctx = self._compression.compress(bucket.flat())
         prescale, postscale = self._scales()
         handle = _allreduce_async(compressed, compressed, bucket.name, self.op, prescale, postscale,
@@ -233,11 +240,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return handle, ctxs
 
     def _make_hook(self, p: torch.Tensor):
+        key = id(p)  # a tensor's own hash is a Python call
+
         def hook(*unused: Any) -> None:
-            bucket = self._bucket_of.get(p)
-            if bucket is not None:
+            slot = self._bucket_slots.get(key)
+            if slot is not None:
                 if runtime.STATE.gen == self._buckets_gen:
-                    self._bucket_arrived(p, bucket)
+                    self._bucket_arrived(*slot)
                     return
                 self._drop_buckets()  # a new generation (elastic reset, init again): its first step is one by one
             if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
@@ -269,11 +278,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         if self._buckets and runtime.STATE.gen != self._buckets_gen:
             self._drop_buckets()
-        completed: Set[torch.Tensor] = set(self._bucket_of)
+        completed: Set[torch.Tensor] = set()
         for key in self._handles:
             if not isinstance(key, Bucket):
                 completed.update(key) if isinstance(key, tuple) else completed.add(key)
-        missing = self._requires_update - completed
+        missing = (self._unbucketed if self._buckets else self._requires_update) - completed
         if self._groups is not None:
             # A group some of whose gradients were not computed here: reduced as the group, with zeros for those, so
             # that its name matches the other ranks' (Horovod reduces them one by one under other names, and waits).
@@ -297,8 +306,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for key, (handle, ctx) in self._handles.items():
                 if isinstance(key, Bucket):
                     key.scatter(self._compression.decompress(synchronize(handle), ctx))
-                    for member in key.params:
-                        self._allreduce_delay[member] = self.backward_passes_per_step
                     continue
                 if isinstance(key, tuple):
                     outputs = synchronize(handle)
@@ -324,7 +331,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._handles.clear()
             for bucket in self._buckets:
-                bucket.arrived = 0
+                bucket.restart(self.backward_passes_per_step)
         self._checked = True
         self._synchronized = True
         if self._buckets_gen != runtime.STATE.gen and self._may_bucket():

@@ -38,13 +38,26 @@ def test_a_bucket_flattens_its_gradients_with_zeros_for_a_missing_one_and_writes
     strided = torch.nn.Parameter(torch.zeros(3, 2))
     weight.grad = torch.arange(6.0).view(2, 3)
     strided.grad = torch.arange(6.0).view(2, 3).t()  # not contiguous
-    bucket = Bucket("bucket.w..s", [weight, bias, strided])
+    bucket = Bucket("bucket.w..s", [weight, bias, strided], passes=1)
     grads = [weight.grad, strided.grad]
     flat = bucket.flat()
     assert flat.tolist() == [0, 1, 2, 3, 4, 5, 0, 0, 0, 0, 3, 1, 4, 2, 5]
     assert bias.grad is not None and bias.grad.tolist() == [0, 0, 0]
-    bucket.scatter(flat * 2)
+    bucket.scatter(flat * 2)  # a new tensor (float16's round trip gives one)
     assert weight.grad is grads[0] and strided.grad is grads[1]  # the same tensors, written in place
     assert weight.grad.tolist() == [[0, 2, 4], [6, 8, 10]]
     assert strided.grad.tolist() == [[0, 6], [2, 8], [4, 10]]
     assert bias.grad.tolist() == [0, 0, 0]
+    # the next step: the same buffer, reduced in place and written back from it
+    assert bucket.flat() is flat
+    flat.mul_(0.5)
+    bucket.scatter(flat)
+    assert weight.grad.tolist() == [[0, 1, 2], [3, 4, 5]] and strided.grad.tolist() == [[0, 3], [1, 4], [2, 5]]
+
+
+def test_a_bucket_counts_every_members_passes_again_at_each_step():
+    bucket = Bucket("b", [torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))], passes=2)
+    assert bucket.delays == [2, 2] and bucket.arrived == 0
+    bucket.delays[0], bucket.arrived = 0, 1
+    bucket.restart(3)
+    assert bucket.delays == [3, 3] and bucket.arrived == 0 and bucket.passes == 3
