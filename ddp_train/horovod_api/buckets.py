@@ -66,6 +66,7 @@ class Bucket:
         self.delays = [passes] * len(params)
         self.arrived = 0
         self.checked = False  # every rank's request of it was matched once
+        self.hooked = True  # every member's gradient is counted as it comes (else: asked for at synchronize())
         self.grads: List[torch.Tensor] = []  # the gradients flat() read, which scatter() writes
         first = params[0]
         self.buffer = torch.empty(sum(p.numel() for p in params), dtype=first.dtype, device=first.device)
@@ -81,7 +82,7 @@ class Bucket:
     def flat(self) -> torch.Tensor:
         """The members' gradients copied into the buffer (zeros where a gradient is missing): the buffer."""
         grads = [p.grad for p in self.params]
-        if None in grads:
+        if any(g is None for g in grads):  # (`None in grads` would compare tensors with ==)
             for i, p in enumerate(self.params):
                 if p.grad is None:
                     p.grad = grads[i] = torch.zeros_like(p, memory_format=torch.contiguous_format)

@@ -54,21 +54,61 @@ def row_bytes(shape: Sequence[int], dtype: torch.dtype) -> int:
     return math.prod(shape[1:]) * dtype.itemsize if len(shape) else dtype.itemsize
 
 
-def agree(comm: Communicator, words: List[int], stop: Callable[[], bool]) -> Optional[List[int]]:
-    """The response cache's agreement: the bitwise AND of every rank's words (unsigned 64-bit), or None once `stop()`
-    says the wait is over (checked every second while a rank has not come)."""
-    tensor = torch.tensor(to_signed(words), dtype=torch.int64)
-    work = dist.all_reduce(tensor, op=dist.ReduceOp.BAND, group=comm.cpu, async_op=True)
+def wait(work: Any, stop: Callable[[], bool]) -> bool:
+    """Wait for a collective started with async_op; False once `stop()` says the wait is over (checked every second
+    while a rank has not come)."""
     while True:
         try:
             work.wait(timeout=_AGREE_POLL)
-            break
+            return True
         except RuntimeError as exc:
             if "timed out" not in str(exc).lower():
                 raise
             if stop():
-                return None
-    return to_unsigned(tensor.tolist())
+                return False
+
+
+def agree(comm: Communicator, words: List[int], stop: Callable[[], bool]) -> Optional[List[int]]:
+    """The response cache's agreement: the bitwise AND of every rank's words (unsigned 64-bit), or None once `stop()`
+    says the wait is over."""
+    tensor = torch.tensor(to_signed(words), dtype=torch.int64)
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.BAND, group=comm.cpu, async_op=True)
+    return to_unsigned(tensor.tolist()) if wait(work, stop) else None
+
+
+@dataclass
+class Started:
+    """An allreduce started ahead (a cycle's guess): its buffer, summed in place once `work` completes; `count`
+    elements of data, then any counted flag."""
+
+    buffer: torch.Tensor
+    work: Any
+    count: int
+
+    def flag(self) -> float:
+        """The sum of every rank's flag."""
+        return float(self.buffer[self.count])
+
+
+def start_allreduce(response: Response, inputs: List[torch.Tensor], comm: Communicator,
+                    flag: Optional[float] = None) -> Started:
+    """Start what `allreduce` does, into a buffer of its own (the inputs stay as they are, should the result be
+    dropped): prescale, then the sum, asynchronously; with `flag`, one more element after the data, summed too."""
+    count = sum(t.numel() for t in inputs)
+    buffer = torch.empty(count + (flag is not None), dtype=inputs[0].dtype)
+    torch.cat([t.reshape(-1) for t in inputs], out=buffer[:count])
+    scale_(buffer[:count], response.prescale)
+    if flag is not None:
+        buffer[count] = flag
+    return Started(buffer, dist.all_reduce(buffer, op=_OPS[response.op], group=comm.group(response.device),
+                                           async_op=True), count)
+
+
+def finish_allreduce(response: Response, started: Started, outputs: List[torch.Tensor], comm: Communicator) -> None:
+    """The rest of an allreduce started ahead, whose work completed: postscale, then the outputs."""
+    data = started.buffer[:started.count]
+    scale_(data, postscale(response.op, response.postscale, comm.size))
+    _scatter(data, outputs)
 
 
 def allreduce(response: Response, inputs: List[torch.Tensor], outputs: List[torch.Tensor],
@@ -85,11 +125,15 @@ def allreduce(response: Response, inputs: List[torch.Tensor], outputs: List[torc
     dist.all_reduce(buffer, op=_OPS[response.op], group=comm.group(response.device))
     scale_(buffer, postscale(response.op, response.postscale, comm.size))
     if len(inputs) > 1:
-        offset = 0
-        for output in outputs:
-            count = output.numel()
-            output.view(-1).copy_(buffer[offset:offset + count])
-            offset += count
+        _scatter(buffer, outputs)
+
+
+def _scatter(buffer: torch.Tensor, outputs: List[torch.Tensor]) -> None:
+    offset = 0
+    for output in outputs:
+        count = output.numel()
+        output.view(-1).copy_(buffer[offset:offset + count])
+        offset += count
 
 
 def allgather(response: Response, tensor: torch.Tensor, comm: Communicator) -> torch.Tensor:

@@ -82,7 +82,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         self._handles: Dict[Any, Tuple[Any, Any]] = {}
-        self._grad_accs: List[Any] = []
+        self._grad_accs: Dict[int, Any] = {}  # id(parameter) -> its hook's handle
         self._requires_update: Set[torch.Tensor] = set()
         self._synchronized = False
         self._should_synchronize = True
@@ -150,7 +150,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.requires_grad:
                     self._requires_update.add(p)
-                    self._grad_accs.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+                    self._grad_accs[id(p)] = p.register_post_accumulate_grad_hook(self._make_hook(p))
 
     def _allreduce_grad_async(self, p: torch.Tensor) -> Tuple[Any, Any]:
         if p.grad is None:
@@ -207,8 +207,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._bucket_slots.update((id(p), (bucket, i)) for i, p in enumerate(members))
         bucketed = {id(p) for bucket in self._buckets for p in bucket.params}
         self._unbucketed = {p for p in self._requires_update if id(p) not in bucketed}
+        if self._buckets and self._buckets[-1].params[-1] is ordered[-1]:
+            # Backward's last bucket is complete when backward ends, just before step() asks for it: reduced then,
+            # its gradients need no hook each; one stays, for Horovod's checks of the passes and of zero_grad().
+            last = self._buckets[-1]
+            last.hooked = False
+            for member in last.params[1:]:
+                self._grad_accs.pop(id(member)).remove()
 
     def _drop_buckets(self) -> None:
+        for bucket in self._buckets:
+            if not bucket.hooked:
+                for member in bucket.params[1:]:
+                    self._grad_accs[id(member)] = member.register_post_accumulate_grad_hook(self._make_hook(member))
         self._buckets, self._bucket_slots = [], {}
 
     def _bucket_arrived(self, bucket: Bucket, index: int) -> None:
@@ -217,7 +228,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if delays[index] <= 0:
             raise AssertionError(TOO_MANY_PASSES)
         delays[index] -= 1
-        if delays[index] == 0:
+        if delays[index] == 0 and bucket.hooked:
             bucket.arrived += 1
             if bucket.arrived == len(delays):
                 self._handles[bucket] = self._allreduce_bucket_async(bucket)

@@ -299,3 +299,73 @@ def test_the_benchmark_simulates_every_rank_and_times_rank_0_alone():
     assert on["cache"] == "on" and on["requests_to_rank0"] == 0
     assert on["rounds"] == 3 and on["bytes_per_rank"] == 3 * 8 * (cycles.HEADER_WORDS + 2)
     assert 0 < on["rank0_cpu_ms"] < off["rank0_cpu_ms"]
+
+
+# --- the guess: a repeated step's sums before its agreement -----------------------------------------------------
+def steady(ranks: Ranks, names: List[str], **fields) -> None:
+    """A first step, then one step run from the cache."""
+    mine: Dict[int, Dict[str, Request]] = {}
+    for rank in range(len(ranks.ranks)):
+        for name in names:
+            request = ask(rank, name, **fields)
+            mine.setdefault(rank, {})[name] = request
+            ranks.ask(rank, request)
+    first(ranks, mine)
+    for rank in range(len(ranks.ranks)):
+        for name in names:
+            ranks.ask(rank, ask(rank, name, **fields))
+    ranks.cycle()
+
+
+def test_a_repeated_step_is_guessed_alike_on_every_rank_and_its_vectors_are_the_expected_ones():
+    ranks = Ranks(8)
+    names = ["allreduce.a", "allreduce.b", "allreduce.c"]
+    steady(ranks, names)
+    guesses = [state.guess() for state in ranks.ranks]
+    assert guesses[0] is not None and all(g == guesses[0] for g in guesses)
+    assert [r.names for r in guesses[0].fused] == [names]  # fused as the cycle fused them
+    for rank in range(8):
+        for name in reversed(names):  # in another order
+            ranks.ask(rank, ask(rank, name))
+    vectors = [state.vector(0.0) for state in ranks.ranks]
+    assert all(tuple(v) == guesses[0].expected for v in vectors)
+    assert tuple(cycles.band(vectors)) == guesses[0].expected  # what the agreement would have said
+    plan = ranks.ranks[0].settle(guesses[0].expected)
+    assert plan.hits == guesses[0].hits and [r.names for r in plan.cached] == [names]
+
+
+def test_a_rank_that_asked_for_less_or_more_has_another_vector():
+    ranks = Ranks(3)
+    steady(ranks, ["allreduce.a", "allreduce.b"])
+    expected = ranks.ranks[0].guess().expected
+    ranks.ask(0, ask(0, "allreduce.a"))
+    ranks.ask(1, ask(1, "allreduce.a"))
+    ranks.ask(1, ask(1, "allreduce.b"))
+    assert tuple(ranks.ranks[0].vector(0.0)) != expected  # b not yet asked
+    assert tuple(ranks.ranks[1].vector(0.0)) == expected
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"op": 4}, "a maximum is not a sum"),
+    ({"shape": (300_000,)}, "more than GUESS_BYTES"),
+])
+def test_only_small_sums_are_guessed(fields, why):
+    ranks = Ranks(2)
+    steady(ranks, ["allreduce.a"], **fields)
+    assert all(state.guess() is None for state in ranks.ranks), why
+
+
+def test_no_guess_once_the_cache_changed_or_a_rank_joined():
+    ranks = Ranks(3)
+    steady(ranks, ["allreduce.a"])
+    assert ranks.ranks[0].guess() is not None
+    first(ranks, gradient_step(ranks, ["allreduce.new"]))  # a new entry: the cache changed
+    assert all(state.guess() is None for state in ranks.ranks)
+    ranks = Ranks(3)
+    steady(ranks, ["allreduce.a"])
+    ranks.ask(2, ask(2, "join.noname", kind=JOIN))
+    ranks.ranks[2].joined = True
+    for rank in (0, 1):
+        ranks.ask(rank, ask(rank, "allreduce.a"))
+    ranks.cycle()
+    assert all(state.guess() is None for state in ranks.ranks)
