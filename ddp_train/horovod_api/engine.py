@@ -89,6 +89,9 @@ class Engine:
         self.responses: "queue.Queue[Optional[Response]]" = queue.Queue()
         self.broken: Optional[str] = None
         self.closed: Set[int] = set()  # generations shut down (by any rank's hvd.shutdown())
+        # what the cycle under way reduces (its guess, then its plan): a shutdown that comes meanwhile (the other
+        # ranks may have finished this very collective and left) lets them complete
+        self.running: Set[Key] = set()
         self.heard = time.monotonic()
         self.unrun = 0  # responses received and not yet run
         self._reader = threading.Thread(target=self._read, name="horovod_api-reader", daemon=True)
@@ -201,24 +204,29 @@ class Engine:
         already received still run (the other ranks take part in them), with stand-ins for what failed here."""
         with self.lock:
             self.closed.add(gen)
-            keys = [key for key in self.table if key[0] == gen]
+        self._fail_stranded()
+        if self.on_closed is not None:
+            self.on_closed(gen)
+
+    def _fail_stranded(self) -> None:
+        """Fail what can no longer run (everything once the engine broke, else what waits in a generation that was
+        shut down), but for what the cycle under way reduces: its collective may have completed on every rank."""
+        with self.lock:
+            keys = [key for key in self.table if (self.broken is not None or key[0] in self.closed)
+                    and key not in self.running]
             entries = [self.table.pop(key) for key in keys]
             if self.cycling is not None:
                 self.cycling.cycle.forget(keys)
         for entry in entries:
-            entry.handle.fail(SHUT_DOWN)
-        if self.on_closed is not None:
-            self.on_closed(gen)
+            entry.handle.fail(self.broken or SHUT_DOWN)
 
     def _break(self, message: str) -> None:
         """Nothing more can run: fail everything that waits, and everything asked from now on."""
         with self.lock:
             if self.broken is None:
                 self.broken = message
-            entries, self.table = list(self.table.values()), {}
             self.work.notify_all()
-        for entry in entries:
-            entry.handle.fail(self.broken)
+        self._fail_stranded()
 
     def _run(self) -> None:
         while True:
@@ -235,6 +243,14 @@ class Engine:
 
     # --- cycles (the response cache) ---------------------------------------------------------------------------
     def _cycles(self) -> None:
+        try:
+            self._cycle_loop()
+        finally:  # the engine broke, or gave up waiting: nothing is under way any more
+            with self.lock:
+                self.running = set()
+            self._fail_stranded()
+
+    def _cycle_loop(self) -> None:
         assert self.cycling is not None
         cycling, cycle = self.cycling, self.cycling.cycle
         started = 0.0
@@ -264,6 +280,8 @@ class Engine:
                 first = cycle.take_outgoing()
                 guess = cycle.guess()
                 guessed = self._guess_inputs(guess) if guess is not None else []
+                if guess is not None:
+                    self.running = {(r.gen, r.ps, name) for r in guess.fused for name in r.names}
             if first:
                 self._to_coordinator(first)
             try:
@@ -287,6 +305,7 @@ class Engine:
                 return
             with self.lock:
                 plan = cycle.settle(agreed)
+                self.running = {(r.gen, r.ps, name) for r in [*plan.cached, *plan.responses] for name in r.names}
             ran = bool(plan.cached or plan.responses)
             # The guess's sums stand where the cycle agreed on exactly what was guessed; otherwise they are dropped.
             reused = guess is not None and plan.hits == guess.hits and [r.names for r in plan.cached] == [
@@ -305,6 +324,9 @@ class Engine:
                 return
             with self.lock:
                 later = cycle.take_outgoing()
+                self.running = set()
+            if self.closed or self.broken is not None:
+                self._fail_stranded()
             if later:
                 self._to_coordinator(later)
             if not ran:  # nothing every rank asked for yet: wait a cycle, or for this rank's next request
@@ -364,7 +386,7 @@ class Engine:
         if response.kind == ERROR:
             self._fail(entries, response.error)
             return entries
-        if self.broken is not None:
+        if self.broken is not None and ahead is None:  # (a sum started ahead is complete on every rank)
             self._fail(entries, self.broken)
             return entries
         if response.kind == JOIN:
