@@ -158,11 +158,14 @@ full_steps() {
   step -m benchmarks.negotiation --steps 3 --real-steps 12 --out "$OUT"
   # Horovod's own synthetic benchmark script and test suite on the project's Horovod API and on real Horovod.
   horovod_step -m benchmarks.horovod_api --script "$HOROVOD_SRC/examples/pytorch/pytorch_synthetic_benchmark.py" \
-      --repeats 3 --out "$OUT"
+      --backends api,port,horovod-gloo,horovod-mpi --repeats 3 --out "$OUT"
   horovod_step -m benchmarks.horovod_suite --horovod "$HOROVOD_SRC" --np 2,3 --out "$OUT"
-  # A Horovod script of many small gradient tensors: the API (cache on and off), its DDP port, Horovod/Gloo.
+  # A Horovod script of many small gradient tensors: the API (cache on and off), its DDP port, Horovod/Gloo, at 2
+  # and at 8 ranks (100 steps a run).
   step -m benchmarks.horovod_api --script small-tensors --np 2 --backends api,api-cache-off,port,horovod-gloo \
-      --repeats 3 --out "$OUT/small-tensors"
+      --repeats 5 --warmup-batches 10 --batches-per-iter 20 --out "$OUT/small-tensors"
+  step -m benchmarks.horovod_api --script small-tensors --np 8 --backends api,api-cache-off,port,horovod-gloo \
+      --repeats 3 --warmup-batches 10 --batches-per-iter 20 --out "$OUT/small-tensors-8"
 }
 
 # The result a step writes, relative to OUT: its --out folder and its module's file name.

@@ -23,7 +23,8 @@ Result = dict[str, Any]
 MISSING, table, size, number, percent = tables.MISSING, tables.markdown, tables.size, tables.number, tables.percent
 NAMES = {"torch-gloo": "torch gloo", "horovod-gloo": "Horovod/Gloo", "horovod-mpi": "Horovod/MPI", "ddp": "DDP",
          "mpi": "Open MPI alone", "bare-ddp": "bare DDP (seed)", "bare-ddp-batched": "bare DDP (batched)",
-         "independent": "independent N x 1", "api": "the Horovod API (torchrun)"}
+         "independent": "independent N x 1", "api": "the Horovod API (torchrun)",
+         "api-cache-off": "the API, HOROVOD_CACHE_CAPACITY=0", "port": "the plain DDP port"}
 RUN_ORDER = ["bare-ddp", "bare-ddp-batched", "ddp", "horovod-gloo", "horovod-mpi", "independent"]
 #: swept knob -> (backend_options field with the value a run used, field saying who chose it, unit)
 KNOB_RECORDS = {"HOROVOD_CYCLE_TIME": ("cycle_time_ms", "cycle_time_source", " ms"),
