@@ -15,7 +15,8 @@ The modules, each owning one thing:
                     order, fusion, joins, errors, stalls (requests in, responses out)
     coordinator     the socket and thread shell around the negotiation, on rank 0
     response_cache  Horovod's response cache: the collectives negotiated before, at bits, the same on every rank
-    cycle           each rank's side of the cache: look-ups, the bitwise-AND agreement's vector, what a cycle runs
+    cycle           each rank's side of the cache: look-ups, the bitwise-AND agreement's vector, the guess, what a
+                    cycle runs
     checks          Horovod's cross-rank checks and messages
     engine          each rank: requests out, responses (or the cycles that agree on them) run in order
     execute         the data of each collective on torch.distributed
@@ -29,6 +30,7 @@ The modules, each owning one thing:
     functions       broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
                     (horovod/torch/functions.py)
     optimizer       DistributedOptimizer
+    buckets         DistributedOptimizer's buckets: their layout, the flat buffer of their gradients
     compression     Compression.none / fp16
     sync_batch_norm SyncBatchNorm (CPU and CUDA)
     elastic         hvd.elastic on torchrun's restarts
