@@ -83,6 +83,8 @@ quick_steps() {
   step -m benchmarks.negotiation --np 2,8 --tensors 16 --steps 2 --real-np 2 --real-steps 2 --out "$OUT"
   step -m benchmarks.horovod_api --script small-tensors --np 2 --backends api,port --repeats 1 --batch-size 2 \
       --warmup-batches 1 --batches-per-iter 1 --iters 1 --out "$OUT/small-tensors"
+  step -m benchmarks.horovod_api --script small-tensors --np 8 --backends api,port --repeats 1 --batch-size 2 \
+      --warmup-batches 1 --batches-per-iter 1 --iters 1 --out "$OUT/small-tensors-8"
   horovod_step -m benchmarks.horovod_api --script "$HOROVOD_SRC/examples/pytorch/pytorch_synthetic_benchmark.py" \
       --backends api --repeats 1 --batch-size 2 --warmup-batches 1 --batches-per-iter 1 --iters 1 --out "$OUT"
   horovod_step -m benchmarks.horovod_suite --horovod "$HOROVOD_SRC" --np 2 --runs api --no-examples \
