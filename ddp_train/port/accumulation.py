@@ -191,9 +191,10 @@ def under_no_sync(site: Site, wrap: Wrap, port: Context) -> WrapIn:
     """The rule of a site: its passes under `with contextlib.nullcontext() if COND else model.no_sync():`."""
     port.imports.add("contextlib")
     passes = code(wrap.options["backward_passes_per_step"])
+    origin = f" (backward_passes_per_step={passes} at {wrap.origin})" if wrap.origin else ""
     port.change(site.placed.line, "backward_passes_per_step",
                 f"the forward and backward passes run under {wrap.model}.no_sync() unless {site.condition}: DDP "
                 f"averages the gradients on the last pass before {wrap.target}.step() only, as Horovod did every "
-                f"{passes} passes")
+                f"{passes} passes{origin}")
     return WrapIn(site.first, site.placed.index,
                   f"with contextlib.nullcontext() if {site.condition} else {wrap.model}.no_sync():")

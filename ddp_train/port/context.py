@@ -5,7 +5,7 @@ need, and the report they fill."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Union, cast
+from typing import Any, Dict, List, Optional, Sequence, Set, Union, cast
 
 import libcst as cst
 
@@ -111,6 +111,8 @@ class Context:
         self.compressions: Dict[str, bool] = {}
         #: what the script calls load_state_dict on
         self.loads_state: Set[str] = set()
+        #: the wrapped models that can skip parameters in a step, and why (port.follow.Skipping)
+        self.skipping: Dict[str, Any] = {}
 
     def name(self, key: str) -> str:
         """The name the port writes for `key` (an import or a helper), one the script does not bind already."""

@@ -90,6 +90,20 @@ def {name}(wrapped):
     wrapped.register_state_dict_post_hook(drop_prefix)
     wrapped.register_load_state_dict_pre_hook(add_prefix)
 ''', ()),
+    "zero_missing_gradients": Helper('''
+def {name}(optimizer):
+    """Before each optimizer.step(), a zero gradient for every parameter it trains that has none, as Horovod's
+    DistributedOptimizer gave one in synchronize() (a parameter a step skipped on every rank: DDP with
+    find_unused_parameters=True leaves its gradient None, and torch's optimizers would skip it, where under
+    Horovod momentum and weight decay moved it)."""
+    def fill(optimizer, args, kwargs):
+        for group in optimizer.param_groups:
+            for param in group[{q}params{q}]:
+                if param.requires_grad and param.grad is None:
+                    param.grad = {torch}.zeros_like(param)
+
+    optimizer.register_step_pre_hook(fill)
+''', ("torch",)),
     "step_on_zero_gradients": Helper('''
 def {name}(optimizer, keep_state=True):
     """What hvd.broadcast_optimizer_state did to a fresh optimizer: one step() with every gradient zero. It

@@ -122,18 +122,30 @@ def _compression(ctx: Context, value: cst.BaseExpression, model: str, line: int)
 
 
 def wrap_statements(ctx: Context, options: Dict[str, cst.BaseExpression], model: str, line: int,
-                    backward_sites: int, option_lines: Dict[str, int]) -> Tuple[List[str], List[str]]:
+                    backward_sites: int, option_lines: Dict[str, int], optimizer_name: str = "optimizer"
+                    ) -> Tuple[List[str], List[str]]:
     """The statements that replace hvd.DistributedOptimizer(...) for `model` (the DDP wrap first), and the
     `# port:` comments for what of its options cannot be ported; what is said of `op` is said at its line
     (`option_lines`)."""
     ddp = ctx.name("DDP")
     ctx.imports.add("DDP")
-    statements = [f"{model} = {ddp}({model}, forward_sync_buffers=False)", f"{ctx.helper('keep_model_keys')}({model})"]
+    skipping = ctx.skipping.get(model)
+    unused = ", find_unused_parameters=True" if skipping is not None else ""
+    statements = [f"{model} = {ddp}({model}, forward_sync_buffers=False{unused})",
+                  f"{ctx.helper('keep_model_keys')}({model})"]
     comments: List[str] = []
     ctx.change(line, "hvd.DistributedOptimizer",
                f"{statements[0]}: broadcasts rank 0's parameters and buffers, then averages the gradients in "
                "backward(); the optimizer stays torch's; after that each rank keeps its own buffers (BatchNorm "
                "statistics), as under Horovod")
+    if skipping is not None:
+        statements.append(f"{ctx.helper('zero_missing_gradients')}({optimizer_name})")
+        ctx.change(line, "parameters without a gradient",
+                   f"find_unused_parameters=True and {statements[-1]}: {skipping.what} ({skipping.where}), so some "
+                   "steps leave parameters without a gradient; DDP then finds them after each forward pass (a walk "
+                   "of the autograd graph every step, and one more round of communication when a step skips some), "
+                   "and before each step() the parameters that have none get zeros, as Horovod's synchronize() "
+                   "gave them: momentum and weight decay move them as under Horovod")
     ctx.change(line, "the model after the DDP wrap",
                f"{statements[1]}: {model}.state_dict() and load_state_dict() keep the model's own keys (without "
                "'module.') wherever they are called, in the script's helper functions too: checkpoints load both "

@@ -56,6 +56,8 @@ class Wrap:
     no_sync_sites: int = 0
     #: the line each option is written on (a call over several lines reports an option where it is)
     option_lines: Dict[str, int] = field(default_factory=dict)
+    #: for a model and optimizer wrapped in another file and handed to a function here: that wrap's `file:line`
+    origin: Optional[str] = None
 
 
 @dataclass

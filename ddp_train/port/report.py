@@ -25,15 +25,38 @@ class Change:
     changes_training: bool = False
     effect: Optional[str] = None
     cause: Optional[str] = None
+    #: the file, from the ported folder's root (None: the one script ported)
+    file: Optional[str] = None
+
+    @property
+    def where(self) -> str:
+        """`file:line`, or `line N` in the port of one script."""
+        return f"{self.file}:{self.line}" if self.file else f"line {self.line}"
 
 
 @dataclass(frozen=True)
 class Unported:
-    """A Horovod call the port could not rewrite: left in place under a `# port:` comment."""
+    """A Horovod call the port could not rewrite: left in place under a `# port:` comment (line 0: a whole file)."""
 
     line: int
     code: str
     reason: str
+    file: Optional[str] = None
+
+    @property
+    def where(self) -> str:
+        """`file:line` (a whole file: its path), or `line N` in the port of one script."""
+        if self.file:
+            return f"{self.file}:{self.line}" if self.line else self.file
+        return f"line {self.line}"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A folder the port of a folder neither ported nor copied, and why."""
+
+    path: str
+    why: str
 
 
 @dataclass
@@ -48,6 +71,10 @@ class PortReport:
     zero_step: Optional[str] = None
     #: seconds spent parsing and rewriting (not starting Python)
     seconds: float = 0.0
+    #: the port of a folder: the files it changed, how many others it copied, and the folders it skipped
+    files: List[str] = field(default_factory=list)
+    copied: int = 0
+    skipped: List[Skipped] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -72,23 +99,34 @@ def from_json(text: str) -> PortReport:
     return PortReport(source=data["source"], output=data["output"],
                       changes=[Change(**c) for c in data["changes"]],
                       unported=[Unported(**u) for u in data["unported"]],
-                      zero_step=data.get("zero_step"), seconds=data.get("seconds", 0.0))
+                      zero_step=data.get("zero_step"), seconds=data.get("seconds", 0.0),
+                      files=list(data.get("files", [])), copied=int(data.get("copied", 0)),
+                      skipped=[Skipped(**s) for s in data.get("skipped", [])])
 
 
 def render(report: PortReport) -> str:
     """The report as text: a line per change (those that can change training marked), then what was left."""
-    lines = [f"{report.source} -> {report.output or '(not written)'}: {len(report.changes)} change"
-             f"{'' if len(report.changes) == 1 else 's'}, {len(report.unported)} left unported"]
+    lines = [f"{report.source} -> {report.output or '(not written)'}: {_count(len(report.changes), 'change')}, "
+             f"{len(report.unported)} left unported"]
+    if report.files or report.skipped or report.copied:
+        lines.append(f"  ported {_count(len(report.files), 'file')} ({', '.join(report.files) or 'none'}), "
+                     f"copied {_count(report.copied, 'other file')}" + (
+                         f"; skipped {', '.join(f'{s.path} ({s.why})' for s in report.skipped)}"
+                         if report.skipped else ""))
     for change in report.changes:
         mark = "!" if change.changes_training else ("~" if change.effect else " ")
-        lines.append(f"{mark} line {change.line}: [{change.rule}] {change.text}")
+        lines.append(f"{mark} {change.where}: [{change.rule}] {change.text}")
         if change.effect:
             lines.append(f"    {'changes training' if change.changes_training else 'rounding only'}: {change.effect}")
     for item in report.unported:
-        lines.append(f"? line {item.line}: not ported: {item.code}: {item.reason}")
+        lines.append(f"? {item.where}: not ported: " + (f"{item.code}: {item.reason}" if item.line else item.reason))
     if report.changes_training:
         lines.append("! marks a rewrite that can make the port train differently; prove the port with "
                      "compare-backends --scripts SCRIPT PORT --np 2,3")
     if any(c.effect and not c.changes_training for c in report.changes):
         lines.append("~ marks a rewrite that rounds differently: not bitwise, within the noise floor")
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

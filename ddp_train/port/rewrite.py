@@ -5,16 +5,17 @@ from __future__ import annotations
 import ast
 import time
 from dataclasses import dataclass, replace
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
 from . import accumulation
-from .bindings import bindings
+from .bindings import Bindings, bindings
 from .context import Context, Options
 from .imports import finish
-from .names import survey
-from .plan import Assignment, Wrap, plan
+from .follow import Handed, Skipping
+from .names import Survey, survey
+from .plan import Assignment, Plan, Wrap, plan
 from .report import PortReport
 from .transform import Porter
 
@@ -47,30 +48,87 @@ def _compressions(ctx: Context, assignments: Sequence[Assignment]) -> Dict[str, 
     return {name: True for name, ok in kinds.items() if ok and "." not in name}
 
 
-def port(text: str, source: str, output: str | None, options: Optional[Options] = None) -> Ported:
-    """Port the Horovod script `text` (read from `source`, to be written to `output`)."""
-    started = time.perf_counter()
+@dataclass(frozen=True)
+class Links:
+    """What the port of one file learns from the rest of its folder (port.follow): the functions of this file that
+    hold a model and optimizer wrapped elsewhere, where other files run a wrap's passes under no_sync (by the
+    wrap's optimizer name), and why a wrapped model can skip parameters in a step (by the model's name)."""
+
+    handed: Tuple[Handed, ...] = ()
+    synced_elsewhere: Tuple[Tuple[str, str], ...] = ()
+    skipping: Tuple[Tuple[str, Skipping], ...] = ()
+
+
+@dataclass
+class Prepared:
+    """A file parsed for the port: its text, Horovod names and, where there is something to port, its LibCST
+    module, bindings and plan."""
+
+    text: str
+    source: str
+    found: Survey
+    wrapper: Optional[cst.MetadataWrapper] = None
+    bound: Optional[Bindings] = None
+    plan: Optional[Plan] = None
+
+
+def prepare(text: str, source: str, parse_always: bool = False) -> Prepared:
+    """Parse `text` (read from `source`); its LibCST plan too where it uses Horovod or `parse_always`."""
     try:
         found = survey(ast.parse(text, filename=source), text)
     except SyntaxError as syntax:  # Python's own account: the line and message the user knows
         raise PortError(_unreadable(source, syntax.lineno, syntax.offset or 1, syntax.msg)) from None
-    report = PortReport(source=source, output=output)
-    if not found.names.aliases:  # no Horovod: a DDP script stays as it is
-        report.seconds = time.perf_counter() - started
-        return Ported(text, report)
+    prepared = Prepared(text, source, found)
+    if not found.names.aliases and not parse_always:
+        return prepared
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
         raise PortError(_unreadable(source, exc.editor_line, exc.editor_column,
                                     exc.message.strip().splitlines()[0])) from None
-    wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
-    bound = bindings(wrapper)
-    names = replace(found.names, scopes=bound.scopes)  # Horovod's names, each resolved in its scope from here on
-    the_plan = plan(wrapper, names)
+    prepared.wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
+    prepared.bound = bindings(prepared.wrapper)
+    names = replace(found.names, scopes=prepared.bound.scopes)  # each Horovod name resolved in its scope from here on
+    prepared.found = replace(found, names=names)
+    prepared.plan = plan(prepared.wrapper, names)
+    return prepared
+
+
+def handed_sites(prepared: Prepared, handed: Handed) -> List[accumulation.Site]:
+    """The passes of a function that holds a model and optimizer wrapped elsewhere to run under no_sync."""
+    if prepared.plan is None or prepared.bound is None or handed.model is None or handed.optimizer is None \
+            or handed.passes is None:
+        return []
+    inside = [b for b in prepared.plan.backwards
+              if isinstance(b.scope, cst.FunctionDef) and b.scope.name.value == handed.function]
+    found, _ = accumulation.sites(inside, handed.optimizer, handed.model, prepared.bound)
+    return found
+
+
+def port(text: str, source: str, output: str | None, options: Optional[Options] = None) -> Ported:
+    """Port the Horovod script `text` (read from `source`, to be written to `output`)."""
+    return port_prepared(prepare(text, source), output, options)
+
+
+def port_prepared(prepared: Prepared, output: str | None, options: Optional[Options] = None,
+                  links: Optional[Links] = None) -> Ported:
+    """Port a prepared file, with what the rest of its folder tells (`links`)."""
+    links = links or Links()
+    started = time.perf_counter()
+    report = PortReport(source=prepared.source, output=output)
+    found, the_plan, bound, wrapper = prepared.found, prepared.plan, prepared.bound, prepared.wrapper
+    has_handed = any(handed_sites(prepared, h) for h in links.handed)
+    if (not found.names.aliases and not has_handed) or the_plan is None or bound is None or wrapper is None:
+        report.seconds = time.perf_counter() - started  # no Horovod: a DDP script stays as it is
+        return Ported(prepared.text, report)
+    module = wrapper.module
+    names = found.names
     ctx = Context(names, bound.bound, found.quote, options or Options())
     ctx.loads_state = found.loads_state
     ctx.compressions = _compressions(ctx, the_plan.assignments)
+    ctx.skipping = dict(links.skipping)
     sites: Dict[int, tuple[accumulation.Site, Wrap]] = {}
+    elsewhere = dict(links.synced_elsewhere)
     for wrap in the_plan.wraps:
         passes = wrap.options.get("backward_passes_per_step")
         if wrap.model is None or passes is None or (isinstance(passes, cst.Integer) and passes.value == "1"):
@@ -79,7 +137,15 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
         for site in wrapped:
             sites[id(site.placed.statement)] = (site, wrap)
             wrap.no_sync_sites += 1
-    models = {w.model for w in the_plan.wraps if w.model} | {w.target for w in the_plan.wraps}
+        wrap.no_sync_sites += 1 if wrap.target in elsewhere else 0
+    for handed in links.handed:
+        for site in handed_sites(prepared, handed):
+            assert handed.model is not None and handed.optimizer is not None and handed.passes is not None
+            held = Wrap(site.placed, handed.optimizer, {"backward_passes_per_step": cst.parse_expression(
+                handed.passes)}, handed.model, site.placed, origin=handed.origin)
+            sites[id(site.placed.statement)] = (site, held)
+    models = {w.model for w in the_plan.wraps if w.model} | {w.target for w in the_plan.wraps} | \
+        {name for h in links.handed for name in (h.model, h.optimizer) if name}
     porter = Porter(ctx, the_plan, bound, sites, module.config_for_parsing,
                     found.lines_of(found.names.aliases), found.lines_of(models))
     rewritten = wrapper.visit(porter)
@@ -89,5 +155,3 @@ def port(text: str, source: str, output: str | None, options: Optional[Options] 
     report.zero_step = ctx.zero_step
     report.seconds = time.perf_counter() - started
     return Ported(rewritten.code, report)
-
-

@@ -21,7 +21,7 @@ def wrap_of(site: StatementSite, wrap: Wrap) -> tuple[List[str], List[str]]:
     """The statements of the DDP wrap that replaces `wrap`, and the `# port:` comments above them."""
     assert wrap.model is not None
     return optimizer.wrap_statements(site.port, wrap.options, wrap.model, site.line, wrap.no_sync_sites,
-                                     wrap.option_lines)
+                                     wrap.option_lines, wrap.target)
 
 
 def distributed_optimizer(site: StatementSite) -> Result:
