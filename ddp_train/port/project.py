@@ -19,7 +19,7 @@ SKIPPED_NAMES = {
     ".ruff_cache": "a tool's cache", ".tox": "a tool's environments", ".nox": "a tool's environments",
     ".ipynb_checkpoints": "a notebook's autosaves", "site-packages": "installed packages",
     "node_modules": "installed packages", "wandb": "run output", "mlruns": "run output",
-    "lightning_logs": "run output",
+    "lightning_logs": "run output", "runs": "run output (TensorBoard's and this project's default folder)",
 }
 #: a file that makes its folder a run's output: this project's run directories, TensorBoard's event files
 RUN_OUTPUT_FILES = ("metrics.jsonl", "launch.log")
