@@ -176,8 +176,6 @@ RULES = (
 )
 #: the rule of each Horovod call ported as a whole statement
 BY_API: Dict[str, StatementRule] = {api: rule for rule in RULES for api in rule.apis}
-#: the Horovod calls ported as whole statements
-STATEMENTS = frozenset(BY_API)
 #: the rules that look at statements that call no Horovod API
 OTHERS = tuple(rule for rule in RULES if not rule.apis)
 
