@@ -113,6 +113,8 @@ class Context:
         self.loads_state: Set[str] = set()
         #: the wrapped models that can skip parameters in a step, and why (port.follow.Skipping)
         self.skipping: Dict[str, Any] = {}
+        #: the module-level functions that hold a model wrapped in another file: function -> the model's parameter
+        self.handed_models: Dict[str, str] = {}
 
     def name(self, key: str) -> str:
         """The name the port writes for `key` (an import or a helper), one the script does not bind already."""

@@ -117,7 +117,7 @@ def port_prepared(prepared: Prepared, output: str | None, options: Optional[Opti
     started = time.perf_counter()
     report = PortReport(source=prepared.source, output=output)
     found, the_plan, bound, wrapper = prepared.found, prepared.plan, prepared.bound, prepared.wrapper
-    has_handed = any(handed_sites(prepared, h) for h in links.handed)
+    has_handed = bool(links.handed)
     if (not found.names.aliases and not has_handed) or the_plan is None or bound is None or wrapper is None:
         report.seconds = time.perf_counter() - started  # no Horovod: a DDP script stays as it is
         return Ported(prepared.text, report)
@@ -127,6 +127,7 @@ def port_prepared(prepared: Prepared, output: str | None, options: Optional[Opti
     ctx.loads_state = found.loads_state
     ctx.compressions = _compressions(ctx, the_plan.assignments)
     ctx.skipping = dict(links.skipping)
+    ctx.handed_models = {h.function: h.model for h in links.handed if h.model}
     sites: Dict[int, tuple[accumulation.Site, Wrap]] = {}
     elsewhere = dict(links.synced_elsewhere)
     for wrap in the_plan.wraps:

@@ -51,16 +51,27 @@ class Reading:
 
 
 def model_attribute(reading: Reading, plan: Plan, bindings: Bindings, port: Context) -> Optional[Through]:
-    """`model.attr` after the DDP wrap, for an attribute DDP does not answer itself: `model.module.attr`."""
+    """`model.attr` after the DDP wrap, for an attribute DDP does not answer itself: `model.module.attr`; in a
+    function that holds a model wrapped in another file (port.follow), the same for its parameter."""
     wrap = _wrapped(reading, plan, bindings)
-    if wrap is None:
+    model = wrap.model if wrap is not None else _handed_model(reading, port)
+    if model is None:
         return None
     attr = reading.attribute.attr.value
     checkpoint = " (checkpoints keep the model's own keys, without 'module.')" \
         if attr in ("state_dict", "load_state_dict") else ""
     port.change(reading.line, "the model after the DDP wrap",
-                f"{wrap.model}.{attr} -> {wrap.model}.module.{attr}: DDP holds the model as .module" + checkpoint)
+                f"{model}.{attr} -> {model}.module.{attr}: DDP holds the model as .module" + checkpoint)
     return Through("module")
+
+
+def _handed_model(reading: Reading, port: Context) -> Optional[str]:
+    """The parameter that holds a model wrapped in another file, where the attribute reads it: in the module-level
+    function it was handed to (or a function inside it that does not bind the name itself)."""
+    if not reading.functions or reading.attribute.attr.value in DDP_SURFACE:
+        return None
+    model = port.handed_models.get(reading.functions[0].name.value)
+    return model if model is not None and dotted(reading.attribute.value) == model else None
 
 
 def _wrapped(reading: Reading, plan: Plan, bindings: Bindings) -> Optional[Wrap]:

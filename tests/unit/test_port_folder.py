@@ -175,3 +175,41 @@ def test_skipping_is_found_through_factories_and_submodules_and_not_where_every_
         found.what
     assert _skips(tmp_path, files, "Plain") is None
     assert _skips(tmp_path, files, "torchvision.models.resnet18") is None
+
+
+def test_a_function_of_another_module_reads_the_handed_models_own_attributes_through_module(tmp_path):
+    files = {
+        "train.py": '''
+            import torch
+            import horovod.torch as hvd
+            from helpers import report_norm
+            from helpers import loop as run_loop
+
+            hvd.init()
+            model = torch.nn.Linear(2, 2)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                                 backward_passes_per_step=2)
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            run_loop(net=model, opt=optimizer)
+            report_norm(model)
+            ''',
+        "helpers.py": '''
+            def loop(net, opt):
+                for i in range(4):
+                    for k in range(2):
+                        net(torch.ones(1, 2)).sum().backward()
+                    opt.step()
+
+            def report_norm(model):
+                net = model
+                print(model.weight.norm(), model.train(), net.weight)
+            '''}
+    for name, text in files.items():
+        (tmp_path / "in" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "in" / name).write_text(textwrap.dedent(text))
+    assert port_main([str(tmp_path / "in"), "-o", str(tmp_path / "out")]) == 0
+    helpers = (tmp_path / "out" / "helpers.py").read_text()
+    # keywords and renamed parameters are followed; the inner range loop's last pass syncs
+    assert "with contextlib.nullcontext() if k + 1 >= 2 else net.no_sync():" in helpers
+    assert "print(model.module.weight.norm(), model.train(), net.weight)" in helpers
