@@ -51,7 +51,8 @@ def test_the_json_report_reads_back_into_the_same_report(script, tmp_path, capsy
     assert data["source"] == str(script) and data["output"] == str(tmp_path / "out.py") and data["unported"] == []
     zero = next(c for c in data["changes"] if c["rule"] == "hvd.broadcast_optimizer_state")
     assert zero == {"line": 8, "rule": "hvd.broadcast_optimizer_state", "text": zero["text"],
-                    "changes_training": True, "effect": zero["effect"], "cause": "optimizer steps before training"}
+                    "changes_training": True, "effect": zero["effect"], "cause": "optimizer steps before training",
+                    "file": None}
     back = from_json(report.read_text())
     assert back.changes[0].line == data["changes"][0]["line"] and back.exit_code == 0
 
