@@ -17,6 +17,7 @@ from ..config import config_argv
 from ..launch import userscript
 from ..launch.hosts import parse_hosts
 from ..launch.remote import run_commands, shown as shown_commands
+from .failures import cause
 from .sites import ThisHost
 
 EPOCH_LINE = re.compile(r"^epoch (\d+) step (\d+)/(\d+)")
@@ -125,18 +126,6 @@ class Outcome:
     seconds: float
     command: str
     error: Optional[str]
-
-
-def _error_of(lines: List[str]) -> str:
-    """The most telling line of a failed run's output: our one-line error that says what happened (rather
-    than pointing at a traceback), else our error line, else any error line, else the last line."""
-    lines = [line.strip() for line in lines if line.strip()]
-    ours = [line for line in lines if ": error: " in line]
-    for candidates in ([line for line in ours if "(traceback above)" not in line], ours,
-                       [line for line in lines if "error:" in line.lower()], lines):
-        if candidates:
-            return candidates[-1]
-    return "no output"
 
 
 def _fmt_seconds(seconds: float) -> str:
@@ -254,7 +243,7 @@ class MatrixRunner:
         if result.timed_out:
             lines.append(f"compare-backends: error: run exceeded --run-timeout {self.timeout_s:.0f}s")
         returncode = result.returncode if not result.timed_out else (result.returncode or 124)
-        error = None if returncode == 0 else _error_of(lines)
+        error = None if returncode == 0 else cause(lines)
         (run_dir / LAUNCH_RECORD).write_text(json.dumps(
             {"command": shown, "commands": {host or "here": " ".join(cmd) for host, cmd in commands.items()},
              "placement": self.site.placement(planned.np), "returncode": returncode, "seconds": result.seconds,
