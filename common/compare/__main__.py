@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 from common.launch import stopped_exit, terminating_like_ctrl_c
 from common.launch.hosts import DEFAULT_PORT
 from common.rundir.reader import Run, check_comparable, number_repeats, read_run
-from . import arguments, benchmarks, port, report, scripts
+from . import arguments, benchmarks, ended, port, report, scripts
 from . import floor
 from ..config import given_options, is_exact, positive_float, positive_int
 from ..errors import OneLineParser, print_error
@@ -274,10 +274,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             runs.append(run)
 
     number_repeats(runs)
+    notes += ended.unpaired(runs, failures)
     reasons = check_comparable(runs)
     if args.scripts:  # scripts may take different numbers of steps: where they part is what the report says
         if args.steps is not None:
-            notes.append(f"Every run was ended after its training step {args.steps} (--steps {args.steps}).")
+            notes.append(f"Each of the {len(runs)} runs that ended was ended after its training step {args.steps} "
+                         f"(--steps {args.steps}).")
         notes += [f"{reason}." for reason in reasons if reason.startswith("steps differ")]
         reasons = [reason for reason in reasons if not reason.startswith("steps differ")]
     if reasons:

@@ -17,6 +17,7 @@ from ..config import config_argv
 from ..launch import userscript
 from ..launch.hosts import parse_hosts
 from ..launch.remote import run_commands, shown as shown_commands
+from . import ended
 from .failures import cause
 from .sites import ThisHost
 
@@ -199,10 +200,11 @@ class MatrixRunner:
         outcomes: List[Outcome] = []
         started = time.monotonic()
         for index, planned in enumerate(runs):
-            if planned.if_cells_differ and not cells_differ(planned.np, outcomes):
-                self.echo(f"[{index + 1}/{len(runs)}] skipped {planned.name}: every run at world size {planned.np} "
-                          "ended with bitwise identical weights, so no noise floor is needed")
-                continue
+            if planned.if_cells_differ:
+                needed, why = ended.floor_needed(planned.np, first_cells(outcomes))
+                if not needed:
+                    self.echo(f"[{index + 1}/{len(runs)}] skipped {planned.name}: {why}")
+                    continue
             outcome = self._run_one(planned, index, len(runs), started, outcomes)
             outcomes.append(outcome)
             status = "ok" if outcome.returncode == 0 else f"FAILED (exit {outcome.returncode}): {outcome.error}"
@@ -257,17 +259,22 @@ def ranks_per_host(placement: Optional[str], np: int) -> int:
     return max((slots for _, slots in parse_hosts(placement)), default=np) if placement else np
 
 
-def cells_differ(np: int, done: List[Outcome]) -> bool:
-    """Whether the first runs of the cells at world size `np` that succeeded ended with different weights."""
-    digests = set()
+def first_cells(done: Sequence[Outcome]) -> List[ended.Cell]:
+    """The first runs of the matrix's cells (no variant, first repeat) as they went."""
+    cells = []
     for outcome in done:
         planned = outcome.planned
-        if planned.np == np and planned.repeat == 0 and planned.variant is None and outcome.returncode == 0:
+        if planned.repeat != 0 or planned.variant is not None:
+            continue
+        weights = None
+        if outcome.returncode == 0:
             try:
-                digests.add(read_run(outcome.run_dir).summary.get("weights_sha256"))
-            except ValueError:  # not a complete run directory: nothing to compare
+                weights = read_run(outcome.run_dir).summary.get("weights_sha256")
+            except ValueError:  # not a complete run directory: it did not end
+                cells.append(ended.Cell(planned.name, planned.np, False))
                 continue
-    return len(digests) > 1
+        cells.append(ended.Cell(planned.name, planned.np, outcome.returncode == 0, weights))
+    return cells
 
 
 def failure_record(outcome: Outcome) -> Dict[str, Any]:
