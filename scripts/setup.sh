@@ -33,6 +33,13 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 # report.html in (tests/browser.py, through Playwright).
 SYSTEM_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make openssh-server openssh-client iproute2
                  munge slurmctld slurmd slurm-client chromium)
+# pyspark 4 (horovod.spark.run on TorchDistributor) runs on Java 17 or 21: Debian's JRE only where no such java is
+# on PATH already.
+java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1; }
+major="$(command -v java >/dev/null && java_major || true)"
+if [ "${major:-0}" != 17 ] && [ "${major:-0}" != 21 ]; then
+    SYSTEM_PACKAGES+=(openjdk-17-jre-headless)
+fi
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
