@@ -16,7 +16,7 @@ import pytest
 
 from launched import REPO, assert_summary_leads, compare_backends, compare_in_process, run_cmd
 from common.launch.userscript import safe_path_env
-from common.rundir.names import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SUMMARY_FILE
+from common.rundir.names import CONFIG_FILE, METRICS_FILE, MODEL_FILE, SUMMARY_FILE, WORKING_DIR
 from userscripts import RUN_BY, SCRIPT_ARGS, edited, probe_run, probed, sha256, write_folder
 
 pytestmark = pytest.mark.timeout(900)
@@ -114,7 +114,9 @@ def test_the_runs_hold_what_the_scripts_did(faithful, folder):
         config = json.loads((run_dir / CONFIG_FILE).read_text())
         events = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
         script = config["script"]
-        assert config["backend"]["script"] and script["cwd"] == str(folder)
+        # each run started in a working directory of its own, linked to the user's folder
+        assert config["backend"]["script"] and script["cwd"] == str(run_dir.resolve() / WORKING_DIR)
+        assert Path(script["path"]).resolve().parent == folder.resolve()
         assert script["argv"] == SCRIPT_ARGS and Path(script["path"]).name in ("train_horovod.py", "train_ddp.py")
         assert script["sha256"] == sha256(Path(script["path"]))
         steps = [e for e in events if e["event"] == "step"]
@@ -127,10 +129,13 @@ def test_the_runs_hold_what_the_scripts_did(faithful, folder):
 def test_scripts_are_never_changed_copied_or_run_by_the_comparison(faithful, folder):
     summary, out, before = faithful
     assert {p.name: sha256(p) for p in folder.iterdir() if p.is_file() and p.name in before} == before
-    copies = [p for p in out.rglob("*.py")]
+    copies = [p for p in out.rglob("*.py") if not p.is_symlink()]  # each run's working directory links them
     assert not copies, copies
-    ran = (folder / "run-by.log").read_text().split()
-    assert "none" not in ran and len(ran) == sum(r["world_size"] for r in summary["runs"]), ran
+    # what each run wrote (run-by.log, relative) is in its own working directory, not the user's folder
+    assert not (folder / "run-by.log").exists()
+    for run in summary["runs"]:
+        ran = (Path(run["path"]) / WORKING_DIR / "run-by.log").read_text().split()
+        assert "none" not in ran and len(ran) == run["world_size"], (run["name"], ran)
 
 
 def test_a_disturbed_script_run_starts_one_ulp_away_and_says_so(faithful):

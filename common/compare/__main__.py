@@ -69,8 +69,9 @@ def build_compare_parser() -> argparse.ArgumentParser:
                    help="compare these existing run directories instead of launching")
     p.add_argument("--scripts", nargs="+", metavar="SCRIPT",
                    help="compare your own training scripts, unmodified: HOROVOD_SCRIPT DDP_SCRIPT (or one of them "
-                        "alone), run from this folder under horovodrun and torchrun with the probe, which records "
-                        "every step; the scripts' own arguments go after --")
+                        "alone), run under horovodrun and torchrun with the probe, which records every step, each run "
+                        "in a working directory of its own linked to this folder (OUT/runs/RUN/cwd); the scripts' own "
+                        "arguments go after --, where {run_dir} is each run's directory")
     p.add_argument("--port", metavar="TRAIN_HOROVOD.py",
                    help="port this Horovod script to DDP (python -m ddp_train.port; the port is written beside it as "
                         "NAME_ported.py) and compare the two as --scripts does, with the port's report beside the "
@@ -199,8 +200,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.runs:
             return fail("--scripts launches your scripts; --runs compares run directories: give one of them")
         try:
-            program = (scripts.on_the_api if args.horovod_api else scripts.program)(args.scripts, script_args,
-                                                                                    args.steps)
+            program = (scripts.on_the_api if args.horovod_api else scripts.program)(
+                args.scripts, script_args, args.steps, here=Path.cwd(), out=args.out)
         except ValueError as exc:
             return fail(str(exc))
     if args.repeats < 1:
@@ -260,6 +261,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 outcomes = runner.run_all(planned)
         except KeyboardInterrupt as stopped:  # the running job was stopped on the way out (common.launch.Job)
             return stopped_exit(PROG, stopped)
+        notes += runner.notes(outcomes)
         runs = []
         for outcome in outcomes:
             if outcome.returncode != 0:

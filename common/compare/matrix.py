@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from common.rundir.names import LAUNCH_LOG, LAUNCH_RECORD
+from common.rundir.names import LAUNCH_LOG, LAUNCH_RECORD, WORKING_DIR
 from common.rundir.reader import DISTURBED, Run, read_run, run_name
 from .. import launch
 from ..config import config_argv
@@ -18,8 +19,10 @@ from ..launch import userscript
 from ..launch.hosts import parse_hosts
 from ..launch.remote import run_commands, shown as shown_commands
 from . import ended
-from .failures import cause
+from .clashes import Watch, named_paths
+from .failures import cause, failed_with
 from .sites import ThisHost
+from .workdir import LinkedFolder
 
 EPOCH_LINE = re.compile(r"^epoch (\d+) step (\d+)/(\d+)")
 
@@ -127,6 +130,8 @@ class Outcome:
     seconds: float
     command: str
     error: Optional[str]
+    #: the run started with what an earlier run wrote (common.compare.clashes), in one line
+    clash: Optional[str] = None
 
 
 def _fmt_seconds(seconds: float) -> str:
@@ -143,6 +148,15 @@ class Training:
     def module(self, planned: PlannedRun) -> Optional[str]:
         return None  # the launcher's training module
 
+    def workdir(self, planned: PlannedRun, run_dir: Path) -> Path:
+        """Where a run starts: the folder the comparison was started in (the loop writes only to its run directory;
+        --model and --dataset import the user's factories from there)."""
+        return Path.cwd()
+
+    def watch(self) -> Optional[Watch]:
+        """What the runs share on disk: nothing beyond their run directories."""
+        return None
+
     def argv(self, planned: PlannedRun, run_dir: Path) -> List[str]:
         return [*self.args, *planned.extra_args, "--run-dir", str(run_dir)]
 
@@ -155,15 +169,34 @@ class Training:
 @dataclass(frozen=True)
 class Scripts:
     """Users' own training scripts, unmodified, each run under the probe (common.probe): `scripts` names the
-    script of each backend (ddp, horovod), `args` are the scripts' own arguments; `max_steps` ends every run at
-    that step (None: where the script ends)."""
+    script of each backend (ddp, horovod) as its runs give it to python, `args` are the scripts' own arguments;
+    `max_steps` ends every run at that step (None: where the script ends). `folders` says what each backend's runs
+    link in their working directories (common.compare.workdir)."""
 
     scripts: Tuple[Tuple[str, str], ...]
     args: Tuple[str, ...]
     max_steps: Optional[int] = None
+    folders: Tuple[Tuple[str, LinkedFolder], ...] = ()
 
     def module(self, planned: PlannedRun) -> Optional[str]:
         return PROBE_MODULE
+
+    def workdir(self, planned: PlannedRun, run_dir: Path) -> Path:
+        """The run's own working directory, RUN_DIR/cwd, made afresh with the links to its backend's folder."""
+        here = run_dir / WORKING_DIR
+        if here.exists():  # a comparison run again into the same --out
+            shutil.rmtree(here)
+        return dict(self.folders)[planned.launcher.backend].make(here)
+
+    def watch(self) -> Optional[Watch]:
+        """What the runs share on disk: the folders their working directories link to and the absolute paths their
+        arguments name (common.compare.clashes)."""
+        roots: List[Path] = []
+        left_out: List[Path] = []
+        for _, folder in self.folders:
+            roots += [root for root in folder.roots() if root not in roots]
+            left_out += [path for path in folder.left_out if path not in left_out]
+        return Watch(roots, named_paths(self.args), left_out)
 
     def argv(self, planned: PlannedRun, run_dir: Path) -> List[str]:
         script = dict(self.scripts)[planned.launcher.backend]
@@ -188,6 +221,7 @@ class MatrixRunner:
     def __init__(self, program: Union[Training, Scripts], out: Path, python: str = sys.executable,
                  timeout_s: float = 1800, echo: Callable[[str], None] = print, site: Optional[ThisHost] = None) -> None:
         self.program = program
+        self.watch = program.watch()
         self.site = site or ThisHost()
         self.out = out
         self.python = python
@@ -221,12 +255,16 @@ class MatrixRunner:
 
     def _run_one(self, planned: PlannedRun, index: int, total: int, started: float,
                  done: List[Outcome]) -> Outcome:
-        run_dir = self.out / "runs" / planned.dirname
+        run_dir = (self.out / "runs" / planned.dirname).resolve()
         run_dir.mkdir(parents=True, exist_ok=True)
+        cwd = self.program.workdir(planned, run_dir)
         commands = self.site.commands(planned.launcher, planned.np, self.program.argv(planned, run_dir),
                                       python=self.python, index=index, module=self.program.module(planned))
         shown = shown_commands(commands)
         self.echo(f"[{index + 1}/{total}] starting {planned.name}: {shown}")
+        clash = self.watch.before(planned.name) if self.watch else None
+        if clash is not None:
+            self.echo(f"[{index + 1}/{total}] clash: {clash.line()}")
         t0 = time.monotonic()
 
         def progress(line: str) -> None:
@@ -239,19 +277,28 @@ class MatrixRunner:
 
         env = launch.job_env(python=self.python)
         env.update(self.program.env(env, ranks_per_host(self.site.placement(planned.np), planned.np)))
-        result = run_commands(commands, timeout=self.timeout_s, env=env, cwd=Path.cwd(),
+        result = run_commands(commands, timeout=self.timeout_s, env=env, cwd=cwd,
                               log=run_dir / LAUNCH_LOG, on_line=progress)
+        if self.watch:
+            self.watch.after(planned.name)
         lines = result.output.splitlines()
         if result.timed_out:
             lines.append(f"compare-backends: error: run exceeded --run-timeout {self.timeout_s:.0f}s")
         returncode = result.returncode if not result.timed_out else (result.returncode or 124)
-        error = None if returncode == 0 else cause(lines)
+        error = None if returncode == 0 else failed_with(cause(lines), clash.line() if clash else None)
         (run_dir / LAUNCH_RECORD).write_text(json.dumps(
             {"command": shown, "commands": {host or "here": " ".join(cmd) for host, cmd in commands.items()},
-             "placement": self.site.placement(planned.np), "returncode": returncode, "seconds": result.seconds,
-             "name": planned.name, "backend": planned.label, "np": planned.np, "repeat": planned.repeat + 1},
+             "cwd": str(cwd), "placement": self.site.placement(planned.np), "returncode": returncode,
+             "seconds": result.seconds, "name": planned.name, "backend": planned.label, "np": planned.np,
+             "repeat": planned.repeat + 1, "clash": clash.line() if clash else None},
             indent=2) + "\n")
-        return Outcome(planned, run_dir, returncode, result.seconds, shown, error)
+        return Outcome(planned, run_dir, returncode, result.seconds, shown, error, clash.line() if clash else None)
+
+    def notes(self, outcomes: Sequence[Outcome]) -> List[str]:
+        """The report's notes on what the runs shared on disk: each run that ended although it started with what an
+        earlier run wrote (a failed one says so in its error), and each that wrote into the user's folder."""
+        found = [f"{o.clash}." for o in outcomes if o.clash and o.returncode == 0]
+        return found + [f"{line}." for line in (self.watch.notes() if self.watch else [])]
 
 
 def ranks_per_host(placement: Optional[str], np: int) -> int:

@@ -1,13 +1,15 @@
 """--scripts: which backend each of a user's training scripts is written for, read from its text (the
-comparison never imports, copies or changes a script: the probe runs it in each rank)."""
+comparison never imports, copies or changes a script: the probe runs it in each rank), and what each run's working
+directory links to: the folder the comparison was started in (common.compare.workdir)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 from .matrix import Scripts
+from .workdir import LinkedFolder, absolute_climbs, as_run_gives_it
 
 
 def backend_of(path: Path) -> str:
@@ -27,19 +29,34 @@ def backend_of(path: Path) -> str:
     return "ddp"
 
 
-def on_the_api(paths: Sequence[str], args: Sequence[str], max_steps: Optional[int] = None) -> Scripts:
+def linked(scripts: Sequence[Tuple[str, str]], args: Sequence[str], max_steps: Optional[int], here: Path,
+           out: Path, folders: Optional[Dict[str, LinkedFolder]] = None) -> Scripts:
+    """The scripts (backend, path from `here`) as their runs give them to python, each run in a working directory
+    linked to `here` (the folder the comparison started in), less `out`; `folders` replaces that for a backend."""
+    here, out = here.resolve(), out.resolve()
+    folders = folders or {}
+    plain = LinkedFolder(here, left_out=(out,))
+    return Scripts(tuple((backend, as_run_gives_it(path, here)) for backend, path in scripts),
+                   absolute_climbs(args, here), max_steps,
+                   tuple((backend, folders.get(backend, plain)) for backend, _ in scripts))
+
+
+def on_the_api(paths: Sequence[str], args: Sequence[str], max_steps: Optional[int] = None, *, here: Path,
+               out: Path) -> Scripts:
     """--horovod-api: one Horovod script, run under horovodrun (the real Horovod) and under torchrun on the
-    project's Horovod API (the probe's --api horovod), each ended after `max_steps` steps (None: where it ends)."""
+    project's Horovod API (the probe's --api horovod), each ended after `max_steps` steps (None: where it ends), each
+    run in a working directory of its own linked to `here`."""
     if len(paths) != 1 or backend_of(Path(paths[0])) != "horovod":
         shown = " ".join(paths)
         raise ValueError(f"--horovod-api runs one Horovod script on the API and on Horovod: give --scripts "
                          f"TRAIN_HOROVOD.py alone (not {shown})")
-    return Scripts((("horovod-api", paths[0]), ("horovod", paths[0])), tuple(args), max_steps)
+    return linked((("horovod-api", paths[0]), ("horovod", paths[0])), args, max_steps, here, out)
 
 
-def program(paths: Sequence[str], args: Sequence[str], max_steps: Optional[int] = None) -> Scripts:
+def program(paths: Sequence[str], args: Sequence[str], max_steps: Optional[int] = None, *, here: Path,
+            out: Path) -> Scripts:
     """The scripts to run: HOROVOD_SCRIPT DDP_SCRIPT, or one alone (under its own backend's launcher), each ended
-    after `max_steps` steps (None: where it ends)."""
+    after `max_steps` steps (None: where it ends), each run in a working directory of its own linked to `here`."""
     if len(paths) > 2:
         raise ValueError(f"--scripts takes a Horovod script and its DDP port, or one script; got {len(paths)}")
     kinds = [backend_of(Path(p)) for p in paths]
@@ -50,4 +67,4 @@ def program(paths: Sequence[str], args: Sequence[str], max_steps: Optional[int] 
         if kinds[1] != "ddp":
             raise ValueError(f"--scripts {paths[0]} {paths[1]}: {paths[1]} imports horovod too; the second script is "
                              "the DDP port")
-    return Scripts(tuple(zip(kinds, paths, strict=True)), tuple(args), max_steps)
+    return linked(tuple(zip(kinds, paths, strict=True)), args, max_steps, here, out)

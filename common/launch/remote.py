@@ -39,9 +39,14 @@ PEERS_GRACE_S = 5.0
 
 
 def over_ssh(host: str, cmd: Sequence[str], cwd: Path, env: Dict[str, str]) -> List[str]:
-    """`cmd` as started on `host` from here: ssh to it, cd to the same folder, the forwarded variables."""
+    """`cmd` as started on `host` from here: ssh to it, cd to the same folder (one line and exit code 2 where the
+    host has no such folder: it must be on a filesystem every host sees), the forwarded variables."""
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if FORWARDED.match(k))
-    remote = f"cd {shlex.quote(str(cwd))} && exec env {exports} {shlex.join([str(c) for c in cmd])}"
+    missing = shlex.quote(f"{host}: error: no folder {cwd} on {host}; the folder a run starts in (a run's working "
+                          "directory is under the comparison's --out) must be at the same path on every host: put it "
+                          "on a filesystem every host sees")
+    remote = (f"cd {shlex.quote(str(cwd))} 2>/dev/null || {{ echo {missing} >&2; exit 2; }}; "
+              f"exec env {exports} {shlex.join([str(c) for c in cmd])}")
     # LogLevel=ERROR: no "Connection to HOST closed." after every command that had a terminal
     return ["ssh", "-tt", *SSH_OPTIONS, "-o", "LogLevel=ERROR", host, remote]
 

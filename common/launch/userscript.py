@@ -37,6 +37,9 @@ PROJECT_PACKAGES = ("common", "ddp_train", "hvd_train", "benchmarks")
 #: set beside PYTHONSAFEPATH=1 by the program that launched this one, so that it is removed again before the
 #: user's code starts (its own children then see python's usual sys.path); a PYTHONSAFEPATH of the user's stays
 SAFE_PATH_MARK = "HVD_DDP_COMPARE_SAFE_PATH"
+#: in a script's arguments, the run directory of the run it is given to (the probe fills it in: `--checkpoint
+#: {run_dir}/ck.pt` gives each run of a comparison a path of its own)
+RUN_DIR_PLACEHOLDER = "{run_dir}"
 
 
 def safe_path_env(env: Dict[str, str]) -> Dict[str, str]:
@@ -58,6 +61,11 @@ class UserCode:
     def shown(self) -> str:
         """How a user would type it after python."""
         return " ".join(["-m" if self.module else "", self.target, *self.args]).strip()
+
+
+def fill_run_dir(args: Sequence[str], run_dir: str) -> Tuple[str, ...]:
+    """`args` with every RUN_DIR_PLACEHOLDER replaced by `run_dir`."""
+    return tuple(arg.replace(RUN_DIR_PLACEHOLDER, run_dir) for arg in args)
 
 
 def parse_target(words: Sequence[str]) -> UserCode:

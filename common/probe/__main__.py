@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the script on this project's implementation of a library's API (horovod: Horovod's torch "
                         "API on torch.distributed, as python -m ddp_train.horovod_api does)")
     p.add_argument("script", help="the training script, as you would give it to python")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    p.add_argument("args", nargs=argparse.REMAINDER,
+                   help="the script's own arguments; {run_dir} in them is replaced by the run directory")
     return p
 
 
@@ -76,7 +77,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = parser.parse_args(argv)
     if args.max_steps is not None and args.max_steps < 1:
         parser.error(f"argument --max-steps: must be a positive integer, got {args.max_steps}")
-    code = userscript.UserCode(args.script, tuple(args.args))
+    run_dir = os.path.abspath(args.run_dir)
+    # {run_dir} in the script's arguments is this run's directory; the records keep the arguments as given, the same
+    # for every run of a comparison
+    code = userscript.UserCode(args.script, userscript.fill_run_dir(args.args, run_dir))
     problem = userscript.check(code)
     if problem:
         refuse(problem)
@@ -84,7 +88,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     pause_collector()  # the probe's own start-up; the script runs with the collector as python gives it
     from .session import Session  # imports torch: after the arguments are known to be good
 
-    session = Session(os.path.abspath(args.run_dir), args.script, list(args.args), placement, args.perturb_ulp,
+    session = Session(run_dir, args.script, list(args.args), placement, args.perturb_ulp,
                       args.perturb_pattern, refuse, args.max_steps)
     session.start()
     if args.api:  # before the script's `import horovod`: the API, never the real library

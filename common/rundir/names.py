@@ -13,5 +13,8 @@ TENSORBOARD_DIR = "tensorboard"
 #: how the comparison launched the run (its launcher, command and log), and that launch's output
 LAUNCH_RECORD = "launch.json"
 LAUNCH_LOG = "launch.log"
+#: the working directory a comparison gives a run of a user's script: links to the folder it was started in, and
+#: whatever the script writes there
+WORKING_DIR = "cwd"
 
 RUN_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, MODEL_FILE)
