@@ -73,8 +73,8 @@ def build_compare_parser() -> argparse.ArgumentParser:
                         "in a working directory of its own linked to this folder (OUT/runs/RUN/cwd); the scripts' own "
                         "arguments go after --, where {run_dir} is each run's directory")
     p.add_argument("--port", metavar="TRAIN_HOROVOD.py",
-                   help="port this Horovod script to DDP (python -m ddp_train.port; the port is written beside it as "
-                        "NAME_ported.py) and compare the two as --scripts does, with the port's report beside the "
+                   help="port this Horovod script's folder to DDP into OUT/port (python -m ddp_train.port) and compare "
+                        "the script with its port there as --scripts does, with the port's report beside the "
                         "verdicts; the scripts' own arguments go after --")
     p.add_argument("--zero-step", choices=("drop", "keep"), default="drop",
                    help="with --port: hvd.broadcast_optimizer_state's step on a fresh optimizer, dropped (DDP's idiom; "
@@ -168,6 +168,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.port:
         if args.scripts or args.runs:
             return fail("--port ports one Horovod script and compares it with its port: drop --scripts/--runs")
+        if args.horovod_api:
+            return fail("--port compares a Horovod script with its DDP port; --horovod-api compares it with itself on "
+                        "the Horovod API: give one of them")
         if args.port.isdigit():
             return fail(f"--port {args.port}: --port takes the Horovod script to port; the rendezvous port is "
                         "--rdzv-port")
@@ -179,12 +182,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             if scripts.backend_of(Path(args.port)) != "horovod":
                 return fail(f"--port {args.port}: it does not import horovod; --port takes a Horovod script")
-            ported = port.port(Path(args.port), args.out / "port.json", zero_step=args.zero_step)
+            ported = port.port(Path(args.port), args.out, zero_step=args.zero_step)
+            program = port.program(ported, args.port, script_args, args.steps, here=Path.cwd(), out=args.out)
         except ValueError as exc:
             return fail(str(exc))
-        print(f"{PROG}: ported {args.port} to {ported.output} ({len(ported.rewrites)} rewrites"
-              + (f", {len(ported.unported)} lines left unported" if ported.unported else "") + ")", flush=True)
-        args.scripts = [args.port, ported.output]
+        print(f"{PROG}: ported {args.port} to {ported.script_port} ({ported.source} into {ported.output}: "
+              f"{len(ported.rewrites)} rewrites" + (f", {len(ported.unported)} lines left unported"
+                                                     if ported.unported else "") + ")", flush=True)
+        args.scripts = [args.port, ported.script_port]
     if args.horovod_api and not args.scripts:
         return fail("--horovod-api runs a Horovod script on the API and on Horovod: give it with --scripts "
                     "TRAIN_HOROVOD.py")
@@ -193,7 +198,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.steps is not None and not args.scripts:
         return fail(f"--steps {args.steps} stops your scripts (--scripts, --port, --horovod-api); the project's own "
                     f"loop takes --max-steps {args.steps}")
-    if args.scripts:
+    if args.scripts and not ported:
         if train_args:
             return fail(f"training options ({' '.join(train_args)}) are the project's own loop's; with --scripts "
                         "your scripts' arguments go after --")
