@@ -70,8 +70,9 @@ def test_no_run_resumed_from_what_another_wrote(compared):
     summary, _, out, _, _ = compared
     steps_per_run = {}
     for run in summary["runs"]:
-        run_dir = out / "runs" / run["name"]
+        run_dir = Path(run["path"])
         events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        steps_per_run[run["name"]] = len([e for e in events if e["event"] == "step"])
-    # 192 samples, 16 a batch, 2 passes a step: 3 steps an epoch at 2 ranks, 2 at 3; 2 epochs from the start in every run
-    assert all(count == (6 if "np2" in name else 4) for name, count in steps_per_run.items()), steps_per_run
+        steps_per_run[(run["name"], run["world_size"])] = len([e for e in events if e["event"] == "step"])
+    # 192 samples, 16 a batch, 2 passes a step: 3 steps an epoch at 2 ranks, 2 at 3; 2 epochs from the start in
+    # every run
+    assert all(count == (6 if np == 2 else 4) for (_, np), count in steps_per_run.items()), steps_per_run

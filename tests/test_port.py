@@ -17,7 +17,7 @@ import torch
 from ddp_train.port.__main__ import main as port_main
 from ddp_train.port.report import PortReport, from_json
 from launched import PY, compare, run_cmd
-from common.rundir.names import SUMMARY_FILE
+from common.rundir.names import SUMMARY_FILE, WORKING_DIR
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -189,13 +189,19 @@ def test_the_idioms_that_cannot_change_training_port_bitwise_identical(idioms):
     assert idioms["bitwise_identical"] and idioms.get("cause") is None, idioms
 
 
+def written(folder: Path, side: str, suffix: str) -> Path:
+    """What a script of the idioms' comparison wrote into its run's own working directory."""
+    run = "horovod-gloo-np2-r1" if side == "horovod" else "ddp-np2-r1"
+    return folder / "compare-idioms" / "runs" / run / WORKING_DIR / f"{side}_idioms{suffix}"
+
+
 def test_metrics_gathers_broadcasts_and_the_checkpoint_are_what_horovod_wrote(folder, idioms):
-    horovod, ddp = (json.loads((folder / f"{side}_idioms.json").read_text()) for side in ("horovod", "ddp"))
+    horovod, ddp = (json.loads(written(folder, side, ".json").read_text()) for side in ("horovod", "ddp"))
     assert ddp == horovod
     assert horovod["seen"] == [256, 256] and horovod["settings"] == {"seed": 42, "from": 0}
     assert horovod["rows"] == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]
     assert horovod["places"] == [[0, 0, 2], [1, 1, 2]]
-    saved = {side: torch.load(folder / f"{side}_idioms.ckpt", weights_only=True) for side in ("horovod", "ddp")}
+    saved = {side: torch.load(written(folder, side, ".ckpt"), weights_only=True) for side in ("horovod", "ddp")}
     assert list(saved["ddp"]["model"]) == list(saved["horovod"]["model"]) == ["0.weight", "0.bias", "2.weight",
                                                                               "2.bias"]
     assert all(torch.equal(saved["ddp"]["model"][k], v) for k, v in saved["horovod"]["model"].items())
@@ -225,7 +231,8 @@ def test_the_dropped_zero_step_parts_the_port_where_and_why_the_report_says(fold
     result = compare("--port", "horovod_adam.py", "--np", "2,3", "--repeats", "1", "--noise-floor", "off", "--out",
                      out, "--", *ARGS, cwd=folder)
     assert result.returncode == 0, result.output[-4000:]
-    assert "ported horovod_adam.py to " in result.output and (folder / "horovod_adam_ported.py").is_file()
+    assert "ported horovod_adam.py to " in result.output and (out / "port" / "horovod_adam.py").is_file()
+    assert not (folder / "horovod_adam_ported.py").exists()  # the user's folder gets no file
     summary = json.loads((out / SUMMARY_FILE).read_text())
     assert not summary["failures"], summary["failures"]
     # Gloo at every world size, Open MPI at the largest (the default controllers), the port at each
@@ -248,4 +255,4 @@ def test_the_dropped_zero_step_parts_the_port_where_and_why_the_report_says(fold
     assert [cell["kind"] for column, cell in row["cells"].items()
             if "ddp" in column and "horovod-gloo" in column] == ["announced"], row
     report = (out / "report.md").read_text()
-    assert "## The port" in report and f"| {zero.line} | hvd.broadcast_optimizer_state |" in report
+    assert "## The port" in report and f"| horovod_adam.py:{zero.line} | hvd.broadcast_optimizer_state |" in report
