@@ -18,7 +18,10 @@ The modules, each owning one thing:
     cycle           each rank's side of the cache: look-ups, the bitwise-AND agreement's vector, the guess, what a
                     cycle runs
     checks          Horovod's cross-rank checks and messages
-    engine          each rank: requests out, responses (or the cycles that agree on them) run in order
+    engine_core     each rank's engine as a state machine, without threads: requests, responses, cycles, the guess,
+                    shutdowns and lost ranks in; requests for rank 0, collectives to run and failures out
+    engine          the thread shell around it: one lock, a reader thread, a cycle thread
+    dispatch        one collective run with this rank's parts (stand-ins where it holds none), results handed out
     execute         the data of each collective on torch.distributed
     arithmetic      Horovod's scaling (pre/postscale, Average), reducescatter and alltoall splits
     messages        requests, responses and their framing on a socket

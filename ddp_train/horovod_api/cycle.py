@@ -151,7 +151,8 @@ class RankCycle:
         self.fused_version = -1
         self.invalidating: List[Request] = []  # asked with another signature: to rank 0 once every rank erased it
         self.outgoing: List[Request] = []  # to rank 0 after this cycle
-        self.received: Dict[int, Response] = {}
+        self.received: Dict[int, Response] = {}  # rank 0's responses by the order they arrived in, from 1
+        self.arrived = 0
         self.last_run = 0  # the last of rank 0's responses run (they are numbered from 1)
         self.joined = False  # this rank has joined and its join has not completed
         self.others_joined = False  # a rank had joined at the last cycle
@@ -166,8 +167,11 @@ class RankCycle:
         return True
 
     def hold(self, response: Response) -> None:
-        """A response of rank 0, received (in rank 0's order)."""
-        self.received[response.seq] = response
+        """A response of rank 0, received. Counted in the order received, which is rank 0's order: with the cache on
+        every numbered response reaches every rank; with it off, each rank gets its own (their numbers skip the
+        others')."""
+        self.arrived += 1
+        self.received[self.arrived] = response
 
     def held(self) -> int:
         """How many of rank 0's responses, from the next to run, are here."""

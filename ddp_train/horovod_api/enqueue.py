@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
 from . import runtime
-from .engine import Entry
+from .dispatch import Entry
 from .handles import Handle
 from .messages import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, REDUCESCATTER
 

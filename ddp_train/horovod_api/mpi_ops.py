@@ -18,7 +18,7 @@ from . import runtime
 from .arithmetic import alltoall_splits
 from .compression import Compression
 from .dtypes import ADASUM, AVERAGE, CPU_DEVICE, MAX, MIN, PRODUCT, SUM, TYPE_NAMES, check_supported, device_id
-from .engine import Entry
+from .dispatch import Entry
 from .enqueue import Asker, Combine, single, submit, synchronize
 from .exceptions import ADASUM_REFUSED, HorovodInternalError
 from .handles import Handle

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import List, Optional, Sequence, Union
 
 from . import runtime
-from .engine import Entry
+from .dispatch import Entry
 from .enqueue import Asker, single, submit, synchronize
 from .exceptions import (DYNAMIC_PROCESS_SETS, DYNAMIC_PROCESS_SETS_REMOVE, NOT_A_MEMBER, NOT_INITIALIZED,
                          UNKNOWN_SET)

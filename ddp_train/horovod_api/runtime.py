@@ -32,7 +32,9 @@ from ddp_train.backend import DDPBackend
 from . import coordinator as coordination
 from . import timeline
 from .cycle import RankCycle
-from .engine import Cycling, Engine
+from .dispatch import Dispatcher
+from .engine import Engine
+from .engine_core import EngineCore
 from .exceptions import NOT_INITIALIZED
 from .execute import Communicator, agree
 from .handles import HandleTable
@@ -182,12 +184,10 @@ def _build_world(settings: Settings) -> World:
     channel = Channel(socket.create_connection((host, int(port)), timeout=settings.collective_timeout_s))
     channel.sock.settimeout(None)
     silence = coordination.HEARTBEAT_S * 60 if settings.stall_shutdown_s > 0 else 0.0
-    cycling = None
-    if capacity > 0:
-        cycling = Cycling(RankCycle(capacity, settings.stall_check_s, settings.fusion_threshold),
-                          partial(agree, everyone), settings.cycle_time_s)
-    engine = Engine(channel, rank, _set_communicator, _on_set, lambda: STATE.join_device, silence,
-                    on_event=timeline.record, on_closed=_on_closed, cycling=cycling)
+    core: EngineCore = EngineCore(RankCycle(max(capacity, 0), settings.stall_check_s, settings.fusion_threshold), size,
+                                  settings.cycle_time_s)
+    dispatcher = Dispatcher(_set_communicator, _on_set, lambda: STATE.join_device, on_event=timeline.record)
+    engine = Engine(channel, rank, core, dispatcher, partial(agree, everyone), silence, on_closed=_on_closed)
     world = World(topology, settings, everyone, engine, coordinator, {tuple(range(size)): everyone})
     engine.start()
     atexit.register(_at_exit)
