@@ -4,7 +4,11 @@
     torchrun --nproc-per-node 2 -m ddp_train.horovod_api -m pytest test_torch.py
 
 `install()` makes `import horovod` and `import horovod.torch` in this process resolve to the API (also registered
-as the `hvd_ddp_compare.apis` entry point `horovod`, which the probe uses). docs/horovod-api.md is the manual.
+as the `hvd_ddp_compare.apis` entry point `horovod`, which the probe uses). In a notebook, the one call
+
+    import ddp_train.horovod_api; ddp_train.horovod_api.install()
+
+before `import horovod.spark` (or `horovod.ray`) does the same. docs/horovod-api.md is the manual.
 
 The modules, each owning one thing:
     aliases         Horovod's module names in sys.modules, and the refusal of the others
@@ -41,6 +45,13 @@ The modules, each owning one thing:
     threads         horovod.runner.util.threads.in_thread
     dtypes          Horovod's types and reduction ops
     exceptions      Horovod's exceptions and the texts of its errors (horovod/common/exceptions.py)
+    spark           horovod.spark.run on PySpark's TorchDistributor (horovod/spark/runner.py)
+    spark_task      one rank of horovod.spark.run: the API installed, the function run, its outcome reported
+    collector       the driver's socket that every rank of horovod.spark.run reports its outcome to
+    outcomes        every rank's return value or error, turned into the list in rank order or one exception
+    ray_executor    horovod.ray.RayExecutor on Ray actors holding one torch.distributed group (horovod/ray/runner.py)
+    ray_worker      the Ray actor of one rank (horovod/ray/worker.py)
+    visible         the API's modules back in sys.modules while the driver pickles functions for Spark or Ray
 """
 
 from __future__ import annotations
@@ -50,7 +61,8 @@ def install() -> None:
     """`import horovod`, `import horovod.torch` (and the other horovod.* modules the API offers) now give the API in
     this process; any other horovod.* import fails with one line naming what is offered. Imports everything the API
     needs; idempotent."""
-    from . import aliases, runtime
+    from . import aliases, runtime, visible
 
     aliases.install()
     runtime.export_placement()
+    visible.remember()

@@ -10,8 +10,8 @@ import sys
 import types
 from typing import Dict, Optional, Sequence
 
-from . import (compression, elastic, exceptions, functions, optimizer, process_sets, sync_batch_norm, threads,
-               torch_api)
+from . import (compression, elastic, exceptions, functions, optimizer, process_sets, ray_executor, spark,
+               sync_batch_norm, threads, torch_api)
 
 #: the version of Horovod whose API this is
 HOROVOD_VERSION = "0.28.1"
@@ -38,6 +38,10 @@ def _modules() -> Dict[str, types.ModuleType]:
                         HostsUpdatedInterrupt=exceptions.HostsUpdatedInterrupt)
     runner = _namespace("horovod.runner", "Horovod's runner: its thread helper only.")
     runner_util = _namespace("horovod.runner.util", "Horovod's runner utilities: its thread helper only.")
+    on_spark = _namespace("horovod.spark", "horovod.spark.run on PySpark's TorchDistributor, each rank on the API.",
+                          run=spark.run, run_elastic=spark.run_elastic)
+    on_ray = _namespace("horovod.ray", "horovod.ray.RayExecutor on Ray actors holding one torch.distributed group.",
+                        RayExecutor=ray_executor.RayExecutor)
     return {
         "horovod": root,
         "horovod.torch": torch_api,
@@ -53,6 +57,8 @@ def _modules() -> Dict[str, types.ModuleType]:
         "horovod.runner": runner,
         "horovod.runner.util": runner_util,
         "horovod.runner.util.threads": threads,
+        "horovod.spark": on_spark,
+        "horovod.ray": on_ray,
     }
 
 

@@ -1,0 +1,142 @@
+"""horovod.spark.run and horovod.ray.RayExecutor on the Horovod API, on a real local Spark (`local[2]`) and a real local
+Ray (`ray.init(num_cpus=2)`): drivers in Horovod's documented style, unchanged, under `python -m ddp_train.horovod_api`.
+
+Every rank's result comes back in rank order, and rank 0's weights are bitwise equal to the same function's under
+`horovodrun -np 2 --gloo` with real Horovod; an exception in one worker is the driver's exception, naming the rank,
+with no worker left; too many workers for the cluster is one line naming both numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import psutil
+import pytest
+
+import engine_drivers
+from launched import BIN, PY, REPO, run_cmd
+
+pytestmark = pytest.mark.timeout(900)
+
+#: Ray's raylet waits this long for its agents; a loaded 2-core machine can take longer than Ray's 30 s default
+ENGINE_ENV = {"PYSPARK_PYTHON": PY, "PYSPARK_DRIVER_PYTHON": PY, "RAY_agent_register_timeout_ms": "180000",
+              "PYTHONPATH": str(REPO)}
+
+
+def results(output: str) -> Dict[str, Any]:
+    """The RESULT lines a driver printed, by check."""
+    found = {}
+    for line in output.splitlines():
+        if line.startswith("RESULT {"):
+            record = json.loads(line[len("RESULT "):])
+            found[record["check"]] = record["value"]
+    return found
+
+
+def alive(pid_dir: Path) -> List[int]:
+    """The workers that wrote their pid in `pid_dir` and still run."""
+    pids = [int(p.name) for p in pid_dir.iterdir()]
+    assert pids, "no worker wrote its pid"
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    where = tmp_path_factory.mktemp("engines")
+    engine_drivers.write(where)
+    for name in ("spark_pids", "ray_pids"):
+        (where / name).mkdir()
+    return where
+
+
+@pytest.fixture(scope="module")
+def under_horovodrun(folder) -> Dict[str, Any]:
+    """Rank 0's result of the same train() under horovodrun -np 2 --gloo, real Horovod."""
+    out = run_cmd([str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PY,
+                   str(folder / "under_horovodrun.py"), str(folder / "spark_driver.py")], cwd=folder).check()
+    line = next(x for x in out.output.splitlines() if "RESULT {" in x)
+    return json.loads(line.split("RESULT ", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def spark(folder) -> Dict[str, Any]:
+    out = run_cmd([PY, "-m", "ddp_train.horovod_api", "spark_driver.py", "local[2]", "2", str(folder / "spark_pids")],
+                  cwd=folder, env=ENGINE_ENV, timeout=600).check()
+    return results(out.output)
+
+
+@pytest.fixture(scope="module")
+def ray(folder) -> Dict[str, Any]:
+    out = run_cmd([PY, "-m", "ddp_train.horovod_api", "ray_driver.py", str(folder / "ray_pids")], cwd=folder,
+                  env=ENGINE_ENV, timeout=600).check()
+    return results(out.output)
+
+
+def check_train(found: Dict[str, Any], reference: Dict[str, Any]) -> None:
+    train = found["train"]
+    assert [r["rank"] for r in train] == [0, 1] and all(r["size"] == 2 for r in train)
+    assert train[0]["sha256"] == reference["sha256"], "rank 0's weights differ from horovodrun's"
+    assert train[1]["sha256"] == train[0]["sha256"]
+
+
+def check_failure(found: Dict[str, Any], pid_dir: Path, where: str) -> None:
+    fail = found["fail"]
+    assert fail["type"] == "WorkerError" and fail["rank"] == 1, fail
+    assert fail["message"] == f"{where}: rank 1 raised ValueError: rank 1 cannot train"
+    assert alive(pid_dir) == []
+
+
+def test_spark_run_returns_every_rank_in_order_bitwise_equal_to_horovodrun(spark, under_horovodrun):
+    check_train(spark, under_horovodrun)
+
+
+def test_spark_worker_exception_names_the_rank_and_leaves_no_worker(spark, folder):
+    check_failure(spark, folder / "spark_pids", "horovod.spark.run")
+
+
+def test_spark_refusals_are_one_line(spark):
+    assert spark["too_many"] == ("horovod.spark.run: num_proc=3 is more than the 2 task slots of this Spark cluster; "
+                                 "each Horovod process runs in a Spark task: lower num_proc or give Spark more cores "
+                                 "(local[N], or more executors)")
+    assert spark["elastic"].startswith("horovod.spark.run_elastic is not offered by the Horovod API")
+    assert "\n" not in spark["elastic"]
+
+
+def test_spark_run_without_a_session_gives_horovods_message(folder):
+    out = run_cmd([PY, "-m", "ddp_train.horovod_api", "no_session_driver.py"], cwd=folder, env=ENGINE_ENV).check()
+    assert ("RESULT Exception: Could not find an active SparkContext, are you running in a PySpark session?"
+            in out.output)
+
+
+def test_ray_executor_run_returns_every_rank_in_order_bitwise_equal_to_horovodrun(ray, under_horovodrun):
+    check_train(ray, under_horovodrun)
+
+
+def test_ray_workers_keep_their_state_across_calls(ray):
+    assert ray["count"] == [[1, 1], [2, 2], 3]
+    pids = ray["remote"]
+    assert len(pids) == 2 and len(set(pids)) == 2 and os.getpid() not in pids
+
+
+def test_ray_worker_exception_names_the_rank_and_ends_every_worker(ray, folder):
+    check_failure(ray, folder / "ray_pids", "RayExecutor")
+    assert ray["after_fail"] == 0
+
+
+def test_ray_too_many_workers_is_one_line(ray):
+    assert ray["too_many"] == ("RayExecutor: 3 workers need 3 CPU, the Ray cluster has 2 CPU (not placed within "
+                               "placement_group_timeout_s=2 s): lower num_workers or cpus_per_worker, or add nodes")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
