@@ -119,6 +119,40 @@ def {name}(optimizer, keep_state=True):
     if not keep_state:
         optimizer.state.clear()
 ''', ("torch",)),
+    "destroy_process_group_at_exit": Helper('''
+def {name}():
+    """Once the script has ended, returned or failed (its traceback printed), and before Python finalizes: its DDP
+    models let go (the module's globals that hold one, the frames of the exception it failed with), then the process
+    group destroyed unless the script did. Python finalizing right after the last collective can abort a rank whose
+    work is done ("terminate called without an active exception"): it ends a thread of the process group that is
+    still letting go of that collective's tensors."""
+    import atexit
+    import gc
+    import sys
+    import traceback
+
+    if getattr({name}, {q}registered{q}, False):  # once a process, however often the group starts
+        return
+    {name}.registered = True
+
+    def end():
+        namespace = globals()
+        for key, value in list(namespace.items()):  # the script's globals that hold a DDP model
+            if isinstance(value, {torch}.nn.Module) and any(
+                    isinstance(module, {torch}.nn.parallel.DistributedDataParallel) for module in value.modules()):
+                namespace[key] = None
+        error = getattr(sys, {q}last_exc{q}, None) or getattr(sys, {q}last_value{q}, None)  # what it failed with
+        seen = set()
+        while error is not None and id(error) not in seen:  # its frames, and those of its causes
+            seen.add(id(error))
+            traceback.clear_frames(error.__traceback__)
+            error = error.__cause__ or error.__context__
+        gc.collect()
+        if {dist}.is_initialized():
+            {dist}.destroy_process_group()
+
+    atexit.register(end)
+''', ("dist", "torch")),
 }
 
 

@@ -12,6 +12,7 @@ import libcst as cst
 from . import accumulation
 from .bindings import Bindings, bindings
 from .context import Context, Options
+from .ending import end_cleanly
 from .imports import finish
 from .follow import Handed, Skipping
 from .names import Survey, survey
@@ -150,6 +151,7 @@ def port_prepared(prepared: Prepared, output: str | None, options: Optional[Opti
     porter = Porter(ctx, the_plan, bound, sites, module.config_for_parsing,
                     found.lines_of(found.names.aliases), found.lines_of(models))
     rewritten = wrapper.visit(porter)
+    rewritten = end_cleanly(rewritten, ctx, models)  # before finish(), which writes the helper it uses
     rewritten = finish(rewritten, ctx, porter.imports, porter.used)
     report.changes = sorted(ctx.changes, key=lambda c: c.line)
     report.unported = sorted(ctx.unported, key=lambda u: u.line)

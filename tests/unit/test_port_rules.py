@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from ddp_train.port import Options, PortError, port
+from ddp_train.port import Options, PortError, helpers, port
 
 HEADER = "import torch\nimport horovod.torch as hvd\n"
 
@@ -41,12 +41,18 @@ def test_ranks_sizes_init_and_the_device_come_from_torch_distributed_and_torchru
         import torch
         import torch.distributed as dist
 
+
+        {ending}
+
+
         dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+        destroy_process_group_at_exit()
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         print(dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_WORLD_SIZE"]), {cross})
         if dist.get_rank() == 0:  # rank-0 guard
             print("hello")
-    """).format(cross='int(os.environ["GROUP_RANK"]), int(os.environ["GROUP_WORLD_SIZE"])')
+    """).format(cross='int(os.environ["GROUP_RANK"]), int(os.environ["GROUP_WORLD_SIZE"])',
+                ending=helpers.source("destroy_process_group_at_exit", lambda key: key, '"'))
     assert report.exit_code == 0 and not report.changes_training
     assert rules(report)[0] == "import" and "hvd.init" in rules(report) and "hvd.local_rank" in rules(report)
 
@@ -89,6 +95,7 @@ def test_distributed_optimizer_becomes_the_model_wrapped_in_ddp_and_the_broadcas
     assert result.code.endswith(textwrap.dedent("""\
         def main():
             dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+            destroy_process_group_at_exit()
             model = Net()
             optimizer = optim.SGD(model.parameters(), lr=0.01 * dist.get_world_size(), momentum=0.5)
 
@@ -111,7 +118,8 @@ def test_the_model_comes_from_the_optimizer_when_named_parameters_is_not_given()
         dist_opt = hvd.DistributedOptimizer(opt)
     """)
     assert code.endswith("opt = torch.optim.SGD(net.parameters(), lr=0.1)\ndist_opt = opt\n"
-                         "net = DDP(net, forward_sync_buffers=False)\nkeep_model_keys(net)\n")
+                         "destroy_process_group_at_exit()\nnet = DDP(net, forward_sync_buffers=False)\n"
+                         "keep_model_keys(net)\n")
 
 
 def test_an_optimizer_of_unknown_parameters_is_left_with_a_comment_and_listed():
@@ -134,6 +142,7 @@ def test_the_wrap_waits_for_a_later_broadcast_of_the_weights_rank_0_loaded():
         if resume and dist.get_rank() == 0:
             model.load_state_dict(torch.load(path)['model'])
             optimizer.load_state_dict(torch.load(path)['optimizer'])
+        destroy_process_group_at_exit()
         model = DDP(model, forward_sync_buffers=False)
         keep_model_keys(model)
         optimizer.load_state_dict(broadcasted_object(optimizer.state_dict()))
@@ -196,7 +205,8 @@ def test_op_sum_registers_a_summing_hook_and_a_conditional_adasum_is_refused_at_
                                              gradient_predivide_factor=args.gradient_predivide_factor)
     """)
     assert code.endswith('if args.use_adasum:\n    raise SystemExit("DDP has no Adasum (op=hvd.Adasum): run without '
-                         'it; DDP averages the gradients")\nmodel = DDP(model, forward_sync_buffers=False)\n'
+                         'it; DDP averages the gradients")\ndestroy_process_group_at_exit()\n'
+                         'model = DDP(model, forward_sync_buffers=False)\n'
                          'keep_model_keys(model)\n')
     # ported, not left: the port averages, as the script does without the flag, and stops with it; said at op's line
     assert report.exit_code == 0 and not report.unported and "horovod" not in code
