@@ -376,6 +376,18 @@ def port_speed(result: Result) -> str:
           met(r["command_median_s"] < result["target_s"])] for r in result["rows"]]))
 
 
+def port_exit(result: Result) -> str:
+    """How the runs of ported scripts ended: exit codes and aborts per script and ending, against no abort."""
+    settings = result["settings"]
+    endings = {"port": "as written", "no-end": "without its end"}
+    return (f"{settings['runs']} runs of each at {settings['np']} ranks under torchrun, one after another:\n\n" + table(
+        ["script", "the port", "runs", "exit codes (runs)", "aborted", "ended as meant", "no abort"],
+        [[r["variant"], endings.get(r["ending"], r["ending"]), r["runs"],
+          ", ".join(f"{code} ({n})" for code, n in sorted(r["exits"].items())), r["aborts"],
+          f"{r['as_expected']} (exit {r['expected_exit']})",
+          met(r["aborts"] <= result["target_aborts"]) if r["ending"] == "port" else ""] for r in result["rows"]]))
+
+
 def negotiation(result: Result) -> str:
     """The Horovod API's negotiation per steady step, response cache off and on, simulated and real."""
     def cell(rows: dict[tuple[str, int, int, str], Result], key: tuple[str, int, int, str], field: str) -> str:
@@ -417,7 +429,7 @@ SECTIONS: dict[str, Callable[..., str]] = {
     "allreduce": allreduce, "throughput": throughput, "loop_overhead": loop_overhead, "ddp_comm_hook": ddp_comm_hook,
     "probe_cost": probe_cost, "horovod_cycle": horovod_cycle, "stop_latency": stop_latency, "verdicts": verdicts,
     "exact_cost": exact_cost, "horovod_api": horovod_api, "horovod_suite": horovod_suite, "port_speed": port_speed,
-    "negotiation": negotiation}
+    "negotiation": negotiation, "port_exit": port_exit}
 
 
 def section(result: Result, *options: str) -> str:

@@ -132,6 +132,17 @@ def test_the_other_sections_on_known_results():
     port = header("port_speed", settings={"repeats": 5}, target_s=1.0,
                   rows=[{"lines": 300, "rewrite_median_s": 0.4321, "command_median_s": 1.2}])
     assert lines(section(port))[-1] == "| 300 | 0.432 | 1.200 | < 1 | no |"
+    ended = header("port_exit", settings={"runs": 50, "np": 2}, target_aborts=0, rows=[
+        {"variant": "module", "ending": "port", "runs": 50, "exits": {"0": 50}, "aborts": 0, "as_expected": 50,
+         "expected_exit": 0},
+        {"variant": "module", "ending": "no-end", "runs": 50, "exits": {"0": 47, "1": 3}, "aborts": 3,
+         "as_expected": 47, "expected_exit": 0}])
+    assert lines(section(ended)) == [
+        "50 runs of each at 2 ranks under torchrun, one after another:", "",
+        "| script | the port | runs | exit codes (runs) | aborted | ended as meant | no abort |",
+        "|---|---|---|---|---|---|---|",
+        "| module | as written | 50 | 0 (50) | 0 | 50 (exit 0) | yes |",
+        "| module | without its end | 50 | 0 (47), 1 (3) | 3 | 47 (exit 0) |  |"]
 
 
 def test_exact_cost_pairs_the_modes_and_gives_the_error_and_the_distance():
