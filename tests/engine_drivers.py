@@ -73,10 +73,6 @@ if __name__ == "__main__":
             horovod.spark.run(train, args=(1,), num_proc=3, start_timeout=2)
         except Exception as exc:
             report("too_many", str(exc))
-        try:
-            horovod.spark.run_elastic(train, args=(1,), num_proc=2)
-        except Exception as exc:
-            report("elastic", str(exc))
     spark.stop()
 '''
 

@@ -1,5 +1,6 @@
 """horovod.spark.run and horovod.ray.RayExecutor on the Horovod API, on a real local Spark (`local[2]`) and a real local
-Ray (`ray.init(num_cpus=2)`): drivers in Horovod's documented style, unchanged, under `python -m ddp_train.horovod_api`.
+Ray (`ray.init(num_cpus=2)`): drivers in Horovod's documented style, unchanged, under `python -m ddp_train.horovod_api`,
+and their ports (python -m ddp_train.port: TorchDistributor, Ray actors) under plain python with Horovod not importable.
 
 Every rank's result comes back in rank order, and rank 0's weights are bitwise equal to the same function's under
 `horovodrun -np 2 --gloo` with real Horovod; an exception in one worker is the driver's exception, naming the rank,
@@ -17,7 +18,9 @@ import psutil
 import pytest
 
 import engine_drivers
+from ddp_train.port.__main__ import main as port_main
 from launched import BIN, PY, REPO, run_cmd
+from projects import block_horovod
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -82,6 +85,23 @@ def ray(folder) -> Dict[str, Any]:
     return results(out.output)
 
 
+@pytest.fixture(scope="module")
+def ported(folder) -> Dict[str, Any]:
+    """The two drivers ported, each run with Horovod not importable: Spark's train only, Ray's every check."""
+    blocked = block_horovod(folder / "blocked")
+    env = {**ENGINE_ENV, "PYTHONPATH": str(blocked)}
+    found: Dict[str, Any] = {}
+    for name in ("spark", "ray"):
+        assert port_main([str(folder / f"{name}_driver.py"), "-o", str(folder / f"{name}_port.py")]) == 0
+        (folder / f"{name}_port_pids").mkdir()
+    found["spark_source"] = (folder / "spark_port.py").read_text()
+    out = run_cmd([PY, "spark_port.py", "local[2]", "2"], cwd=folder, env=env, timeout=600).check()
+    found["spark"] = results(out.output)
+    out = run_cmd([PY, "ray_port.py", str(folder / "ray_port_pids")], cwd=folder, env=env, timeout=600).check()
+    found["ray"] = results(out.output)
+    return found
+
+
 def check_train(found: Dict[str, Any], reference: Dict[str, Any]) -> None:
     train = found["train"]
     assert [r["rank"] for r in train] == [0, 1] and all(r["size"] == 2 for r in train)
@@ -108,8 +128,6 @@ def test_spark_refusals_are_one_line(spark):
     assert spark["too_many"] == ("horovod.spark.run: num_proc=3 is more than the 2 task slots of this Spark cluster; "
                                  "each Horovod process runs in a Spark task: lower num_proc or give Spark more cores "
                                  "(local[N], or more executors)")
-    assert spark["elastic"].startswith("horovod.spark.run_elastic is not offered by the Horovod API")
-    assert "\n" not in spark["elastic"]
 
 
 def test_spark_run_without_a_session_gives_horovods_message(folder):
@@ -136,6 +154,21 @@ def test_ray_worker_exception_names_the_rank_and_ends_every_worker(ray, folder):
 def test_ray_too_many_workers_is_one_line(ray):
     assert ray["too_many"] == ("RayExecutor: 3 workers need 3 CPU, the Ray cluster has 2 CPU (not placed within "
                                "placement_group_timeout_s=2 s): lower num_workers or cpus_per_worker, or add nodes")
+
+
+def test_the_ports_run_without_horovod_bitwise_equal_to_horovodrun(ported, under_horovodrun):
+    assert "horovod" not in ported["spark_source"].split("def train", 1)[1].split("def report", 1)[0]
+    check_train(ported["spark"], under_horovodrun)
+    check_train(ported["ray"], under_horovodrun)
+    assert ported["ray"]["count"] == [[1, 1], [2, 2], 3]
+
+
+def test_the_ported_ray_executor_names_the_failing_rank_and_ends_every_worker(ported, folder):
+    fail = ported["ray"]["fail"]
+    assert fail["type"] == "RuntimeError"
+    assert fail["message"] == "RayExecutor: rank 1 raised ValueError: rank 1 cannot train"
+    assert alive(folder / "ray_port_pids") == []
+    assert ported["ray"]["after_fail"] == 0
 
 
 if __name__ == "__main__":

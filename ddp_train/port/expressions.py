@@ -8,8 +8,10 @@ from typing import Callable, Dict, Optional
 import libcst as cst
 from libcst.metadata import Scope
 
+from . import engines
 from .accumulation import pure
 from .context import Context, arguments, code
+from .helpers import HELPERS
 from .names import HorovodNames
 from .rule import Expression
 
@@ -149,7 +151,8 @@ def _init(ctx: Context, api: str, call: cst.Call, scope: Optional[Scope]) -> Opt
 
 #: the rule of each Horovod call the port writes as an expression
 CALLS: Dict[str, CallRule] = {**{api: _query for api in QUERIES}, "init": _init,
-                              **{api: collective for api in COLLECTIVES}}
+                              **{api: collective for api in COLLECTIVES}, engines.SPARK_RUN: engines.spark_run}
+HELPERS.update(engines.HELPERS)  # the Spark and Ray drivers' helpers, written with their rules
 
 
 def in_place_portable(names: HorovodNames, api: str, call: cst.Call) -> bool:
@@ -198,4 +201,4 @@ def constant(ctx: Context, api: str) -> Optional[Expression]:
     if api == "Compression.fp16":
         ctx.imports.add("default_hooks")
         return Expression(f"{ctx.name('default_hooks')}.fp16_compress_hook", "DDP's float16 compression hook")
-    return None
+    return engines.constant(ctx, api)
