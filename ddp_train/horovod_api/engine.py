@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Tuple
 
 from . import execute
 from .dispatch import Dispatcher, Entry, fail
-from .engine_core import CycleStart, EngineCore, Failure, Run
+from .engine_core import Counts, CycleStart, EngineCore, Failure, Run
 from .exceptions import SHUT_DOWN
 from .messages import Channel, Request, Response, read_responses, requests_message
 
@@ -86,6 +87,11 @@ class Engine:
                        f"{self.silence_s:g} s: it stopped or its host is unreachable)")
             return self.core.broken
         return None
+
+    def counts(self) -> Counts:
+        """What this rank's cycles did so far (a copy)."""
+        with self.lock:
+            return replace(self.core.counts)
 
     def finished(self, gen: int) -> bool:
         """Generation `gen` is shut down here and nothing of it remains to run."""

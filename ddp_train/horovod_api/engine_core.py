@@ -90,6 +90,16 @@ class Run(Generic[P]):
     from_rank0: bool
 
 
+@dataclass
+class Counts:
+    """What this rank's cycles did so far: cycles run, cycles whose words the agreement's collective reduced, and
+    cycles the guess answered without it (one round: the guess's sums)."""
+
+    cycles: int = 0
+    agreed: int = 0
+    guessed: int = 0
+
+
 @dataclass(frozen=True)
 class CycleEnd(Generic[P]):
     """A cycle ended: the requests rank 0 gets now, and what failed meanwhile that no cycle will run."""
@@ -118,7 +128,9 @@ class EngineCore(Generic[P]):
         self.rest_until: Optional[float] = None  # after a cycle that ran nothing: the next one waits a cycle time
         self.guess: Optional[Guess] = None  # the guess of the cycle under way
         self.running: Set[Key] = set()  # its parts: a shutdown meanwhile does not fail them
+        self.answered = False  # the guess answered the cycle under way
         self.ran_any = False
+        self.counts = Counts()
 
     # --- the script's side -----------------------------------------------------------------------------------
     def submit(self, parts: Sequence[P], now: float) -> Submitted:
@@ -127,11 +139,11 @@ class EngineCore(Generic[P]):
         if self.broken is not None:
             raise HorovodInternalError(self.broken)
         keys = [key_of(p.request) for p in parts]
-        if any(key in self.table for key in keys) or len(set(keys)) < len(keys):
+        if len(set(keys)) < len(keys) or not self.table.keys().isdisjoint(keys):
             raise ValueError(DUPLICATE_NAME)
-        for key, part in zip(keys, parts, strict=True):
-            self.table[key] = part
-        to_rank0 = [p.request for p in parts if not self.cycle.ask(p.request)]
+        self.table.update(zip(keys, parts, strict=True))
+        ask = self.cycle.ask
+        to_rank0 = [p.request for p in parts if not ask(p.request)]
         looked_up = len(to_rank0) < len(parts)
         joins = self.agrees and any(p.request.kind == JOIN for p in parts)
         if joins:
@@ -226,7 +238,8 @@ class EngineCore(Generic[P]):
         """The guess's sums are complete, `count` ranks' words the expected ones: where that is every rank, the
         agreed words without the agreement's collective; else None (the agreement runs)."""
         assert self.guess is not None
-        return list(self.guess.expected) if count == self.size else None
+        self.answered = count == self.size
+        return list(self.guess.expected) if self.answered else None
 
     def settle(self, agreed: Sequence[int]) -> List[Run[P]]:
         """The agreed words read: what this cycle runs, in order, each with this rank's parts (taken out of the
@@ -234,6 +247,10 @@ class EngineCore(Generic[P]):
         on exactly what was guessed."""
         plan = self.cycle.settle(agreed)
         stands = self.guess is not None and plan.hits == self.guess.hits
+        self.counts.cycles += 1
+        self.counts.guessed += int(self.answered)
+        self.counts.agreed += int(self.agrees and not self.answered)
+        self.answered = False
         runs = [Run(r, self._take(r), i if stands else None, False) for i, r in enumerate(plan.cached)]
         runs += [Run(r, self._take(r), None, True) for r in plan.responses]
         self.running = set()
@@ -256,7 +273,7 @@ class EngineCore(Generic[P]):
     def end(self, now: float) -> CycleEnd[P]:
         """The cycle ended (or gave up): what goes to rank 0 now, and what failed meanwhile. A cycle that ran
         nothing (not every rank asked yet) makes the next one wait a cycle time, or an input."""
-        self.guess, self.running = None, set()
+        self.guess, self.running, self.answered = None, set(), False
         if not self.ran_any:
             self.rest_until = now + self.cycle_time_s
         self.ran_any = False

@@ -34,7 +34,7 @@ from . import timeline
 from .cycle import RankCycle
 from .dispatch import Dispatcher
 from .engine import Engine
-from .engine_core import EngineCore
+from .engine_core import Counts, EngineCore
 from .exceptions import NOT_INITIALIZED
 from .execute import Communicator, agree
 from .handles import HandleTable
@@ -286,6 +286,11 @@ def _at_exit() -> None:
         shutdown()
     finally:
         world.engine.send({"type": "bye"})
+
+
+def cycle_counts() -> Counts:
+    """What this rank's engine cycles did since the job started (all zeros before the first init())."""
+    return STATE.world.engine.counts() if STATE.world is not None else Counts()
 
 
 def active() -> State:

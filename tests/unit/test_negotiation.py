@@ -290,15 +290,20 @@ def test_responses_held_count_as_the_fewest_any_rank_holds(held):
     assert cycles.unpack(words, 0).responses == min(held, cycles.RESPONSES_PER_CYCLE)
 
 
-def test_the_benchmark_simulates_every_rank_and_times_rank_0_alone():
+def test_the_benchmark_drives_every_ranks_engine_and_times_rank_0_alone():
     from benchmarks import negotiation as bench
 
-    off, on = bench.simulate(8, 16, 3, latency_s=1e-5)
-    assert off["cache"] == "off" and off["requests_to_rank0"] == 8 * 16
-    # with the cache a steady step sends rank 0 nothing; the agreement is log2(8) rounds of a 4-word vector
-    assert on["cache"] == "on" and on["requests_to_rank0"] == 0
-    assert on["rounds"] == 3 and on["bytes_per_rank"] == 3 * 8 * (cycles.HEADER_WORDS + 2)
-    assert 0 < on["rank0_cpu_ms"] < off["rank0_cpu_ms"]
+    off, agreement, guess = bench.simulate(8, 16, 2, latency_s=1e-5)
+    assert [off["path"], agreement["path"], guess["path"]] == ["off", "agreement", "guess"]
+    assert off["requests_to_rank0"] == 8 * 16 and off["rounds"] == 2
+    # with the cache a steady step sends rank 0 nothing; the agreement is log2(8) rounds of a 4-word vector, then
+    # the sums: two allreduces
+    assert agreement["requests_to_rank0"] == 0 and agreement["rounds"] == 3
+    assert agreement["bytes_per_rank"] == 3 * 8 * (cycles.HEADER_WORDS + 2) and agreement["collectives"] == 2
+    # the guess: the sums alone, with a 4-byte flag in each of their rounds; no agreement
+    assert guess["guessed_cycles"] == 1 and guess["agreed_cycles"] == 0 and guess["collectives"] == 1
+    assert guess["rounds"] == 0 and guess["bytes_per_rank"] == 3 * bench.FLAG_BYTES
+    assert 0 < guess["rank0_cpu_ms"] < off["rank0_cpu_ms"]
 
 
 # --- the guess: a repeated step's sums before its agreement -----------------------------------------------------
