@@ -22,6 +22,8 @@ from launched import PY, Result, run_cmd
 WORLD = 3
 API = "ddp_train.horovod_api"
 
+#: optimizer steps with nothing else between them, at the end of the script's timeline
+STEADY_STEPS = 8
 #: a Horovod script: every collective, the optimizer, the errors; each rank writes OUT/rank<R>.json
 COLLECTIVES = textwrap.dedent('''
     import copy, json, os, sys, time, warnings
@@ -30,7 +32,7 @@ COLLECTIVES = textwrap.dedent('''
     import horovod
     import horovod.torch as hvd
 
-    out_dir = sys.argv[1]
+    out_dir, STEADY_STEPS = sys.argv[1], int(sys.argv[2])
     got = {}
     hvd.init(process_sets="dynamic")  # process sets may be added and removed later
     r, n = hvd.rank(), hvd.size()
@@ -206,7 +208,7 @@ COLLECTIVES = textwrap.dedent('''
         got["join"] = hvd.join()
     hvd.barrier()
     # the timeline (rank 0 writes it), then shutdown and init again
-    hvd.start_timeline(os.path.join(out_dir, "timeline.json"))
+    hvd.start_timeline(os.path.join(out_dir, "timeline.json"), mark_cycles=True)
     hvd.barrier()  # no rank asks for "timed" before rank 0 records
     # buckets: from its second step on, a DistributedOptimizer asks for its gradients by bucket; at the last step
     # rank 1 computes no gradient for the second layer (zeros stand in). Named collectives only, after the join.
@@ -237,6 +239,14 @@ COLLECTIVES = textwrap.dedent('''
     got["bucket_zero_grad_refused"] = errors(lambda: opt5.zero_grad())
     got["bucket_twice"] = errors(lambda: F.mse_loss(net5(x5), t5).backward())
     opt5.synchronize()
+    # steady steps: nothing but the optimizer's one bucket, step after step; from the third on, the guess answers
+    net6 = model()
+    opt6 = hvd.DistributedOptimizer(torch.optim.SGD(net6.parameters(), lr=0.1),
+                                    named_parameters=net6.named_parameters())
+    for step in range(STEADY_STEPS):
+        opt6.zero_grad()
+        F.mse_loss(net6(x5), t5).backward()
+        opt6.step()
     hvd.allreduce(torch.ones(2), name="timed")
     hvd.stop_timeline()
     hvd.shutdown()
@@ -271,7 +281,8 @@ def collectives(tmp_path_factory) -> Dict:
     folder = tmp_path_factory.mktemp("horovod_api")
     script = folder / "collectives.py"
     script.write_text(COLLECTIVES)
-    result = run_cmd(api_command("torchrun", WORLD, [str(script), str(folder)]), timeout=240, cwd=folder).check()
+    result = run_cmd(api_command("torchrun", WORLD, [str(script), str(folder), str(STEADY_STEPS)]), timeout=240,
+                     cwd=folder).check()
     ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(WORLD)]
     return {"ranks": ranks, "result": result, "out": folder}
 
@@ -417,6 +428,13 @@ def test_timeline_and_reinit(collectives):
     timed = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert {"allreduce.0.weight", "allreduce.2.bias", "allreduce.horovod_api.buckets"} <= timed
     assert "allreduce.bucket.2.bias..0.weight" in timed
+    # the steady steps took the one-round path: rank 0's engine marks each cycle the guess answered, naming the
+    # bucket it reduced (the first steps of the last optimizer agree on it first, and any cycle may miss on a
+    # machine busy enough to split a step's requests over two cycles)
+    guessed = [e for e in events if e.get("name") == "CYCLE_GUESSED"]
+    assert len(guessed) >= STEADY_STEPS // 2
+    assert all(e["args"]["collectives"] == "allreduce.bucket.2.bias..0.weight" for e in guessed)
+    assert any(e.get("name") == "CYCLE_AGREED" for e in events)
     for got in collectives["ranks"]:
         initialized, error = got["after_shutdown"]
         assert initialized is False and error[0] == "ValueError" and "hvd.init()" in error[1]

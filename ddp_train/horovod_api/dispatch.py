@@ -7,7 +7,7 @@ a rank that shut down sends a stand-in), so that no other rank waits on it. What
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -88,6 +88,12 @@ class Dispatcher:
         results = self._dispatch(response, entries, comm, ahead)
         self._mark(response, False)
         self._hand_out(entries, results, events=True)
+
+    def mark_cycle(self, phase: str, names: Sequence[str] = ()) -> None:
+        """A cycle's agreement, marked on the timeline (rank 0's, with mark_cycles): CYCLE_AGREED where the
+        agreement's collective ran, CYCLE_GUESSED (naming the guessed collectives) where the guess answered."""
+        if self.on_event:
+            self.on_event(",".join(names), phase, True)
 
     def _mark(self, response: Response, start: bool) -> None:
         if self.on_event:

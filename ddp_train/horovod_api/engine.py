@@ -206,9 +206,13 @@ class Engine:
             with self.lock:
                 agreed = self.core.after_guess(ahead[0].flag())
             if agreed is not None:
+                self.dispatcher.mark_cycle("CYCLE_GUESSED", [n for r in start.guess.fused for n in r.names])
                 return agreed, ahead
         words = self.agree(start.words, self._stopped)
-        return None if words is None else (words, ahead)
+        if words is None:
+            return None
+        self.dispatcher.mark_cycle("CYCLE_AGREED")
+        return words, ahead
 
     def _run(self, run: Run[Entry], ahead: List[execute.Started]) -> None:
         with self.lock:

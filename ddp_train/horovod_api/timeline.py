@@ -1,6 +1,8 @@
 """Horovod's timeline: a Chrome trace (chrome://tracing, Perfetto) of the API's collectives, written by rank 0: for
 every tensor, the time it waited for the other ranks (NEGOTIATE_<KIND>) and the time its data moved (<KIND>), as
-Horovod's timeline shows them; with mark_cycles, an instant at each answer of the coordinator (CYCLE_START).
+Horovod's timeline shows them; with mark_cycles, an instant at each answer of the coordinator (CYCLE_START), and at
+each cycle of rank 0's engine that agreed on cached collectives: CYCLE_AGREED where the agreement's collective ran,
+CYCLE_GUESSED where the guess answered it (one round; its `args` name the collectives guessed).
 
 HOROVOD_TIMELINE=path starts it at hvd.init() (HOROVOD_TIMELINE_MARK_CYCLES=1 marks cycles);
 hvd.start_timeline(path) / hvd.stop_timeline() start and stop it while training runs (with or without
@@ -38,10 +40,12 @@ class Timeline:
     def record(self, name: str, phase: str, start: bool) -> None:
         micros = int((time.perf_counter() - self.start) * 1e6)
         with self.lock:
-            if phase == "CYCLE_START":
+            if phase.startswith("CYCLE_"):
                 if self.mark_cycles:
-                    self.events.append({"name": "CYCLE_START", "ph": "i", "ts": micros, "pid": 0, "tid": 0,
-                                        "s": "g"})
+                    event = {"name": phase, "ph": "i", "ts": micros, "pid": 0, "tid": 0, "s": "g"}
+                    if name:
+                        event["args"] = {"collectives": name}
+                    self.events.append(event)
                 return
             tid = self._tid(name)
             if start:

@@ -4,6 +4,8 @@ framing of the coordinator's messages, the stall report, the settings read from 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -165,3 +167,20 @@ def test_settings_from_horovods_variables(monkeypatch):
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "fast")
     with pytest.raises(ValueError, match="HOROVOD_CYCLE_TIME='fast' is not a number"):
         settings.Settings.from_environment()
+
+
+def test_the_timeline_marks_the_engines_cycles_only_when_cycles_are_marked(tmp_path):
+    from ddp_train.horovod_api import timeline
+
+    for mark_cycles in (False, True):
+        path = tmp_path / f"t{mark_cycles}.json"
+        timeline.start(str(path), mark_cycles)
+        timeline.record("allreduce.a,allreduce.b", "CYCLE_GUESSED", True)
+        timeline.record("", "CYCLE_AGREED", True)
+        timeline.stop()
+        marks = [e for e in json.loads(path.read_text()) if e.get("ph") == "i"]
+        if not mark_cycles:
+            assert marks == []
+            continue
+        assert [(e["name"], e.get("args")) for e in marks] == [
+            ("CYCLE_GUESSED", {"collectives": "allreduce.a,allreduce.b"}), ("CYCLE_AGREED", None)]
