@@ -22,7 +22,7 @@ fails once it ends."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Generic, List, Optional, Protocol, Sequence, Set, Tuple, TypeVar
+from typing import AbstractSet, Dict, Generic, List, Optional, Protocol, Sequence, Set, Tuple, TypeVar
 
 from .cycle import Guess, RankCycle
 from .exceptions import DUPLICATE_NAME, SHUT_DOWN, HorovodInternalError
@@ -127,7 +127,8 @@ class EngineCore(Generic[P]):
         self.gathering_since: Optional[float] = None  # when the cycle thread saw work and began to gather a burst
         self.rest_until: Optional[float] = None  # after a cycle that ran nothing: the next one waits a cycle time
         self.guess: Optional[Guess] = None  # the guess of the cycle under way
-        self.running: Set[Key] = set()  # its parts: a shutdown meanwhile does not fail them
+        self.running: AbstractSet[Key] = frozenset()  # its parts: a shutdown meanwhile does not fail them
+        self._guessed: Tuple[Optional[Guess], Tuple[Key, ...], AbstractSet[Key]] = (None, (), frozenset())
         self.answered = False  # the guess answered the cycle under way
         self.ran_any = False
         self.counts = Counts()
@@ -227,11 +228,16 @@ class EngineCore(Generic[P]):
         if self.guess is None:
             return CycleStart(words, to_rank0, self.agrees)
         guess = self.guess
-        waiting = self.cycle.waiting
-        asked = {waiting[bit][0].name for bit in guess.hits if bit in waiting}
-        parts = [[self.table.get((r.gen, r.ps, name)) if name in asked else None for name in r.names]
-                 for r in guess.fused]
-        self.running = {(r.gen, r.ps, name) for r in guess.fused for name in r.names}
+        if guess is not self._guessed[0]:  # a step repeats the same guess: its keys are worked out once
+            keys = tuple((r.gen, r.ps, name) for r in guess.fused for name in r.names)
+            self._guessed = (guess, keys, frozenset(keys))
+        _, keys, self.running = self._guessed
+        waiting, table = self.cycle.waiting, self.table
+        mine = [table.get(key) if bit in waiting else None for key, bit in zip(keys, guess.bits, strict=True)]
+        parts, at = [], 0
+        for response in guess.fused:
+            parts.append(mine[at:at + len(response.names)])
+            at += len(response.names)
         return CycleStart(words, to_rank0, True, guess, parts, tuple(words) == guess.expected)
 
     def after_guess(self, count: float) -> Optional[List[int]]:
@@ -253,7 +259,7 @@ class EngineCore(Generic[P]):
         self.answered = False
         runs = [Run(r, self._take(r), i if stands else None, False) for i, r in enumerate(plan.cached)]
         runs += [Run(r, self._take(r), None, True) for r in plan.responses]
-        self.running = set()
+        self.running = frozenset()
         self.ran_any = bool(runs)
         return runs
 
@@ -273,7 +279,7 @@ class EngineCore(Generic[P]):
     def end(self, now: float) -> CycleEnd[P]:
         """The cycle ended (or gave up): what goes to rank 0 now, and what failed meanwhile. A cycle that ran
         nothing (not every rank asked yet) makes the next one wait a cycle time, or an input."""
-        self.guess, self.running, self.answered = None, set(), False
+        self.guess, self.running, self.answered = None, frozenset(), False
         if not self.ran_any:
             self.rest_until = now + self.cycle_time_s
         self.ran_any = False
