@@ -32,6 +32,7 @@ The modules, each owning one thing:
     settings        every Horovod environment variable the API reads (Settings)
     handles         handles: a call's parts, its result or error, the numbering
     enqueue         the one way a collective is asked for (submit), poll, synchronize
+    calls           what a call of each kind of collective asks for, one dataclass each
     mpi_ops         hvd.init, the collectives (allreduce ... barrier) and their gradients (horovod/torch/mpi_ops.py)
     process_sets    ProcessSet, the global set, adding and removing sets (horovod/common/process_sets.py)
     functions       broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object

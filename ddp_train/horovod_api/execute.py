@@ -78,8 +78,8 @@ def agree(comm: Communicator, words: List[int], stop: Callable[[], bool]) -> Opt
 
 @dataclass
 class Started:
-    """An allreduce started ahead (a cycle's guess): its buffer, summed in place once `work` completes; `count`
-    elements of data, then any counted flag."""
+    """An allreduce started: its buffer, summed in place once `work` completes; `count` elements of data, then any
+    counted flag."""
 
     buffer: torch.Tensor
     work: Any
@@ -91,41 +91,42 @@ class Started:
 
 
 def start_allreduce(response: Response, inputs: List[torch.Tensor], comm: Communicator,
-                    flag: Optional[float] = None) -> Started:
-    """Start what `allreduce` does, into a buffer of its own (the inputs stay as they are, should the result be
-    dropped): prescale, then the sum, asynchronously; with `flag`, one more element after the data, summed too."""
+                    flag: Optional[float] = None, output: Optional[torch.Tensor] = None) -> Started:
+    """Start an allreduce: prescale, then the sum, asynchronously. One tensor given its `output` (and no flag) is
+    summed in that output, without a copy where it is the input; otherwise the inputs are copied into a buffer of
+    their own (they stay as they are, should a guess's result be dropped), with `flag` one more element after the
+    data, summed too."""
     count = sum(t.numel() for t in inputs)
-    buffer = torch.empty(count + (flag is not None), dtype=inputs[0].dtype)
-    torch.cat([t.reshape(-1) for t in inputs], out=buffer[:count])
+    if output is not None and flag is None and len(inputs) == 1:
+        buffer = output.view(-1)
+        if output.data_ptr() != inputs[0].data_ptr():
+            buffer.copy_(inputs[0].reshape(-1))
+    else:
+        buffer = torch.empty(count + (flag is not None), dtype=inputs[0].dtype, device=inputs[0].device)
+        torch.cat([t.reshape(-1) for t in inputs], out=buffer[:count])
+        if flag is not None:
+            buffer[count] = flag
     scale_(buffer[:count], response.prescale)
-    if flag is not None:
-        buffer[count] = flag
     return Started(buffer, dist.all_reduce(buffer, op=_OPS[response.op], group=comm.group(response.device),
                                            async_op=True), count)
 
 
 def finish_allreduce(response: Response, started: Started, outputs: List[torch.Tensor], comm: Communicator) -> None:
-    """The rest of an allreduce started ahead, whose work completed: postscale, then the outputs."""
+    """The rest of an allreduce whose work completed: postscale (with 1/size for Average), then the outputs (nothing
+    to copy where the sum was made in the one output)."""
     data = started.buffer[:started.count]
     scale_(data, postscale(response.op, response.postscale, comm.size))
-    _scatter(data, outputs)
+    if len(outputs) != 1 or outputs[0].data_ptr() != data.data_ptr():
+        _scatter(data, outputs)
 
 
 def allreduce(response: Response, inputs: List[torch.Tensor], outputs: List[torch.Tensor],
               comm: Communicator) -> None:
     """Sum (min, max, product) the tensors over the set, in one fused buffer when there are several: prescale, the
     sum, postscale (with 1/size for Average), as Horovod does."""
-    if len(inputs) == 1:
-        buffer = outputs[0].view(-1)
-        if outputs[0].data_ptr() != inputs[0].data_ptr():
-            buffer.copy_(inputs[0].reshape(-1))
-    else:
-        buffer = torch.cat([t.reshape(-1) for t in inputs])
-    scale_(buffer, response.prescale)
-    dist.all_reduce(buffer, op=_OPS[response.op], group=comm.group(response.device))
-    scale_(buffer, postscale(response.op, response.postscale, comm.size))
-    if len(inputs) > 1:
-        _scatter(buffer, outputs)
+    started = start_allreduce(response, inputs, comm, output=outputs[0] if len(outputs) == 1 else None)
+    started.work.wait()
+    finish_allreduce(response, started, outputs, comm)
 
 
 def _scatter(buffer: torch.Tensor, outputs: List[torch.Tensor]) -> None:

@@ -16,13 +16,14 @@ import torch
 
 from . import runtime
 from .arithmetic import alltoall_splits
+from .calls import Allgather, Allreduce, Alltoall, Broadcast, Call, Reducescatter
 from .compression import Compression
 from .dtypes import ADASUM, AVERAGE, CPU_DEVICE, MAX, MIN, PRODUCT, SUM, TYPE_NAMES, check_supported, device_id
 from .dispatch import Entry
-from .enqueue import Asker, Combine, single, submit, synchronize
+from .enqueue import Asker, single, submit, synchronize
 from .exceptions import ADASUM_REFUSED, HorovodInternalError
 from .handles import Handle
-from .messages import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER, Request
+from .messages import BARRIER, JOIN, Request
 from .process_sets import ProcessSet, global_process_set, init_process_sets
 from .runtime import members
 
@@ -52,27 +53,25 @@ def _ready_event(tensor: torch.Tensor):
     return device, event
 
 
-def _enqueue(kind: str, prefix: str, tensors: Sequence[torch.Tensor], outputs: Sequence[Optional[torch.Tensor]],
-             name: Optional[str], process_set: ProcessSet, combine: Combine, grouped: bool = False,
-             op: int = SUM, prescale: float = 1.0, postscale: float = 1.0, root: int = -1,
-             splits: Sequence[int] = (), splits_device: Optional[torch.device] = None, checked: bool = False) -> int:
+def _enqueue(call: Call) -> int:
     """This rank's part in a collective of tensors (one request per tensor, named as Horovod names them): the
     handle's number."""
-    count = len(tensors)
+    count = len(call.tensors)
+    prefix = f"grouped_{call.prefix}" if call.grouped else call.prefix
+    fields = call.fields()
 
     def entries(asker: Asker, handle: Handle) -> List[Entry]:
-        base = f"{prefix}.{name}" if name else f"{prefix}.noname.{asker.number}"
-        names = [f"{base}_{i + 1}of{count}" for i in range(count)] if grouped else [base]
+        base = f"{prefix}.{call.name}" if call.name else f"{prefix}.noname.{asker.number}"
+        names = [f"{base}_{i + 1}of{count}" for i in range(count)] if call.grouped else [base]
         built = []
-        for i, (tensor, output) in enumerate(zip(tensors, outputs, strict=True)):
-            request = Request(asker.rank, asker.gen, asker.ps, names[i], kind, dtype=TYPE_NAMES[tensor.dtype],
-                              shape=list(tensor.shape), device=device_id(tensor), op=op, prescale=float(prescale),
-                              postscale=float(postscale), root=root, splits=list(splits),
-                              group=base if grouped else "", group_size=count if grouped else 0, checked=checked)
-            built.append(Entry(request, handle, i, tensor, output, splits_device, _ready_event(tensor)))
+        for i, (tensor, output) in enumerate(zip(call.tensors, call.outputs, strict=True)):
+            request = Request(asker.rank, asker.gen, asker.ps, names[i], call.kind, dtype=TYPE_NAMES[tensor.dtype],
+                              shape=list(tensor.shape), device=device_id(tensor), group=base if call.grouped else "",
+                              group_size=count if call.grouped else 0, **fields)
+            built.append(Entry(request, handle, i, tensor, output, call.splits_device(), _ready_event(tensor)))
         return built
 
-    return submit(kind, process_set.process_set_id, count, combine, entries)
+    return submit(call.kind, call.process_set.process_set_id, count, list if call.grouped else single, entries)
 
 
 def _control(kind: str, name: str, process_set: ProcessSet, device: int = CPU_DEVICE) -> int:
@@ -105,8 +104,8 @@ def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: Optional[
                      postscale_factor: float, process_set: ProcessSet, checked: bool = False) -> int:
     _check_reduction(op)
     check_supported(tensor, reducing=True)
-    return _enqueue(ALLREDUCE, "allreduce", [tensor], [output], name, process_set, single, op=op,
-                    prescale=prescale_factor, postscale=postscale_factor, checked=checked)
+    return _enqueue(Allreduce([tensor], [output], name, process_set, op=op, prescale=prescale_factor,
+                              postscale=postscale_factor, checked=checked))
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -174,8 +173,8 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[
                              process_set: ProcessSet) -> int:
     _check_reduction(op)
     _check_group(tensors, reducing=True)
-    return _enqueue(ALLREDUCE, "grouped_allreduce", list(tensors), list(outputs), name, process_set, list,
-                    grouped=True, op=op, prescale=prescale_factor, postscale=postscale_factor)
+    return _enqueue(Allreduce(list(tensors), list(outputs), name, process_set, grouped=True, op=op,
+                              prescale=prescale_factor, postscale=postscale_factor))
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None, name: Optional[str] = None,
@@ -260,7 +259,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start concatenating every rank's `tensor` along the first dimension: a handle."""
     check_supported(tensor, reducing=False)
-    return _enqueue(ALLGATHER, "allgather", [tensor], [None], name, process_set, single)
+    return _enqueue(Allgather([tensor], [None], name, process_set))
 
 
 def _set_size_and_rank(process_set: ProcessSet) -> tuple:
@@ -296,8 +295,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
                             process_set: ProcessSet = global_process_set) -> int:
     """Start an allgather of every tensor of the list, answered together: a handle."""
     _check_group(tensors, reducing=False)
-    return _enqueue(ALLGATHER, "grouped_allgather", list(tensors), [None] * len(tensors), name, process_set, list,
-                    grouped=True)
+    return _enqueue(Allgather(list(tensors), [None] * len(tensors), name, process_set, grouped=True))
 
 
 class HorovodGroupedAllgather(torch.autograd.Function):
@@ -331,7 +329,7 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = Non
 def _broadcast_async(tensor: torch.Tensor, output: torch.Tensor, root_rank: int, name: Optional[str],
                      process_set: ProcessSet) -> int:
     check_supported(tensor, reducing=False)
-    return _enqueue(BROADCAST, "broadcast", [tensor], [output], name, process_set, single, root=int(root_rank))
+    return _enqueue(Broadcast([tensor], [output], name, process_set, root=int(root_rank)))
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
@@ -397,8 +395,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     first = tensor.shape[0] if tensor.dim() else 0
     resolved = alltoall_splits(first, _splits(splits), max(set_size, 1)) if set_size else []
     where = splits.device if isinstance(splits, torch.Tensor) else torch.device("cpu")
-    return _enqueue(ALLTOALL, "alltoall", [tensor], [None], name, process_set, single, splits=resolved,
-                    splits_device=where)
+    return _enqueue(Alltoall([tensor], [None], name, process_set, splits=resolved, received_on=where))
 
 
 class HorovodAlltoall(torch.autograd.Function):
@@ -438,8 +435,8 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: in
     """Start reducing `tensor` over the set and keeping this rank's rows of the result: a handle."""
     _check_reducescatter(op)
     check_supported(tensor, reducing=True)
-    return _enqueue(REDUCESCATTER, "reducescatter", [tensor], [None], name, process_set, single, op=op,
-                    prescale=prescale_factor, postscale=postscale_factor)
+    return _enqueue(Reducescatter([tensor], [None], name, process_set, op=op, prescale=prescale_factor,
+                                  postscale=postscale_factor))
 
 
 class HorovodReducescatter(torch.autograd.Function):
@@ -478,8 +475,8 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     """Start a reducescatter of every tensor of the list, answered together: a handle."""
     _check_reducescatter(op)
     _check_group(tensors, reducing=True)
-    return _enqueue(REDUCESCATTER, "grouped_reducescatter", list(tensors), [None] * len(tensors), name, process_set,
-                    list, grouped=True, op=op, prescale=prescale_factor, postscale=postscale_factor)
+    return _enqueue(Reducescatter(list(tensors), [None] * len(tensors), name, process_set, grouped=True, op=op,
+                                  prescale=prescale_factor, postscale=postscale_factor))
 
 
 class HorovodGroupedReducescatter(torch.autograd.Function):

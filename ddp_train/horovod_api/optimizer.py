@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Sequence, Set, Tuple
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -43,6 +45,21 @@ def _duplicates(names: Sequence[str]) -> Set[str]:
 
 TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before call to step(). "
                    "Increase backward_passes_per_step to accumulate gradients locally.")
+
+
+@dataclass(eq=False)
+class Reduction:
+    """One allreduce a DistributedOptimizer asks for in a step, under the name of its request: of one parameter's
+    gradient, of a group's (`grouped`), or of a bucket's (`bucket`). `wait()` gives its result once it started; until
+    then (None) it has begun: some of its gradients came, and zero_grad() is the script's error. `ctx` is the
+    compression's."""
+
+    name: str
+    params: Tuple[torch.Tensor, ...]
+    wait: Optional[Callable[[], Any]] = None
+    ctx: Any = None
+    grouped: bool = False
+    bucket: Optional[Bucket] = None
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -81,7 +98,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
-        self._handles: Dict[Any, Tuple[Any, Any]] = {}
+        self._handles: Dict[str, Reduction] = {}  # this step's reductions, by name
         self._grad_accs: Dict[int, Any] = {}  # id(parameter) -> its hook's handle
         self._requires_update: Set[torch.Tensor] = set()
         self._synchronized = False
@@ -152,22 +169,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._requires_update.add(p)
                     self._grad_accs[id(p)] = p.register_post_accumulate_grad_hook(self._make_hook(p))
 
-    def _allreduce_grad_async(self, p: torch.Tensor) -> Tuple[Any, Any]:
+    def _allreduce_grad_async(self, p: torch.Tensor) -> Reduction:
         if p.grad is None:
             # Not computed on this rank this step (another rank may have): reduce zeros, so every rank takes part.
             p.grad = p.data.new(p.size()).zero_()
-        name = self._parameter_names.get(p)
+        name = str(self._parameter_names.get(p))
         tensor = p.grad
         if tensor.is_sparse:
             if self.sparse_as_dense:
                 tensor = tensor.to_dense()
             else:
-                return sparse_allreduce_async(p.grad, name=str(name), op=self.op, process_set=self.process_set), None
+                return Reduction(name, (p,), sparse_allreduce_async(p.grad, name=name, op=self.op,
+                                                                    process_set=self.process_set))
         compressed, ctx = self._compression.compress(tensor)
         prescale, postscale = self._scales()
         handle = _allreduce_async(compressed, compressed, name, self.op, prescale, postscale, self.process_set,
                                   checked=self._checked)
-        return handle, ctx
+        return Reduction(name, (p,), partial(synchronize, handle), ctx)
 
     def _scales(self) -> Tuple[float, float]:
         if self.op == AVERAGE:
@@ -231,55 +249,64 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if delays[index] == 0 and bucket.hooked:
             bucket.arrived += 1
             if bucket.arrived == len(delays):
-                self._handles[bucket] = self._allreduce_bucket_async(bucket)
+                self._keep(self._allreduce_bucket_async(bucket))
                 return
-        if bucket not in self._handles:
-            self._handles[bucket] = (None, None)  # begun (zero_grad() now is the script's error)
+        if bucket.name not in self._handles:
+            self._keep(Reduction(bucket.name, (), bucket=bucket))  # begun
 
-    def _allreduce_bucket_async(self, bucket: Bucket) -> Tuple[Any, Any]:
+    def _allreduce_bucket_async(self, bucket: Bucket) -> Reduction:
         compressed, ctx = self._compression.compress(bucket.flat())
         prescale, postscale = self._scales()
         handle = _allreduce_async(compressed, compressed, bucket.name, self.op, prescale, postscale,
                                   self.process_set, checked=bucket.checked)
         bucket.checked = True
-        return handle, ctx
+        return Reduction(bucket.name, (), partial(synchronize, handle), ctx, bucket=bucket)
 
-    def _grouped_allreduce_grad_async(self, params: Tuple[torch.Tensor, ...]) -> Tuple[Any, Any]:
-        name = self._parameter_names.get(params[0])
+    def _grouped_allreduce_grad_async(self, params: Tuple[torch.Tensor, ...]) -> Reduction:
+        name = str(self._parameter_names.get(params[0]))
         compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in params], strict=True)
         handle = grouped_allreduce_async_(list(compressed), name=name, op=self.op, process_set=self.process_set)
-        return handle, ctxs
+        return Reduction(name, params, partial(synchronize, handle), ctxs, grouped=True)
+
+    def _keep(self, reduction: Reduction) -> None:
+        self._handles[reduction.name] = reduction
 
     def _make_hook(self, p: torch.Tensor):
         key = id(p)  # a tensor's own hash is a Python call
+        name = str(self._parameter_names.get(p))
 
         def hook(*unused: Any) -> None:
             slot = self._bucket_slots.get(key)
             if slot is not None:
-                if runtime.STATE.gen == self._buckets_gen:
+                if runtime.generation() == self._buckets_gen:
                     self._bucket_arrived(*slot)
                     return
                 self._drop_buckets()  # a new generation (elastic reset, init again): its first step is one by one
-            if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
+            begun = self._handles.get(name)
+            if begun is not None and begun.wait is not None and self._allreduce_delay[p] <= 0:
                 raise AssertionError(TOO_MANY_PASSES)
             assert p.grad is not None and not p.grad.requires_grad
             assert self._allreduce_delay[p] > 0
-            handle, ctx = None, None
             self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
-                if self._groups is not None:
-                    group = self._p_to_group[p]
-                    self._group_counts[group] += 1
-                    if self._group_counts[group] == len(group):
-                        self._handles[group] = self._grouped_allreduce_grad_async(group)
-                        for member in group:
-                            self._handles.pop(member, None)
-                        self._group_counts[group] = 0
-                        return
-                else:
-                    handle, ctx = self._allreduce_grad_async(p)
-            self._handles[p] = (handle, ctx)
+            if self._allreduce_delay[p] > 0:
+                self._keep(Reduction(name, (p,)))  # begun
+            elif self._groups is None:
+                self._keep(self._allreduce_grad_async(p))
+            else:
+                self._group_arrived(p, name)
         return hook
+
+    def _group_arrived(self, p: torch.Tensor, name: str) -> None:
+        """`p`'s gradient is complete: its group's allreduce starts once all of the group's are."""
+        group = self._p_to_group[p]
+        self._group_counts[group] += 1
+        if self._group_counts[group] < len(group):
+            self._keep(Reduction(name, (p,)))  # begun
+            return
+        for member in group:
+            self._handles.pop(str(self._parameter_names.get(member)), None)
+        self._keep(self._grouped_allreduce_grad_async(group))
+        self._group_counts[group] = 0
 
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce (starting those backward did not start) and put the averages into
@@ -287,13 +314,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
-        if self._buckets and runtime.STATE.gen != self._buckets_gen:
+        if self._buckets and runtime.generation() != self._buckets_gen:
             self._drop_buckets()
-        completed: Set[torch.Tensor] = set()
-        for key in self._handles:
-            if not isinstance(key, Bucket):
-                completed.update(key) if isinstance(key, tuple) else completed.add(key)
-        missing = (self._unbucketed if self._buckets else self._requires_update) - completed
+        self._start_the_rest()
+        try:
+            for reduction in self._handles.values():
+                self._land(reduction)
+        finally:
+            self._handles.clear()
+            for bucket in self._buckets:
+                bucket.restart(self.backward_passes_per_step)
+        self._checked = True
+        self._synchronized = True
+        if self._buckets_gen != runtime.generation() and self._may_bucket():
+            self._form_buckets()
+
+    def _start_the_rest(self) -> None:
+        """Start what backward did not: gradients not computed here (zeros), or not computed in every pass; groups
+        some of whose gradients were not computed here; buckets some of whose gradients did not come."""
+        asked = {p for r in self._handles.values() if r.bucket is None for p in r.params}
+        missing = (self._unbucketed if self._buckets else self._requires_update) - asked
         if self._groups is not None:
             # A group some of whose gradients were not computed here: reduced as the group, with zeros for those, so
             # that its name matches the other ranks' (Horovod reduces them one by one under other names, and waits).
@@ -301,52 +341,41 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 for member in group:
                     if member.grad is None:
                         member.grad = member.data.new(member.size()).zero_()
-                    self._handles.pop(member, None)
-                self._handles[group] = self._grouped_allreduce_grad_async(group)
+                    self._handles.pop(str(self._parameter_names.get(member)), None)
+                self._keep(self._grouped_allreduce_grad_async(group))
                 self._group_counts[group] = 0
                 missing -= set(group)
         for p in missing:
-            self._handles[p] = self._allreduce_grad_async(p)
+            self._keep(self._allreduce_grad_async(p))
         for bucket in self._buckets:  # a bucket some of whose gradients did not come: zeros for those
-            if self._handles.get(bucket, (None, None))[0] is None:
-                self._handles[bucket] = self._allreduce_bucket_async(bucket)
-        for p, (handle, _) in list(self._handles.items()):
-            if handle is None:
-                self._handles[p] = self._allreduce_grad_async(p)
-        try:
-            for key, (handle, ctx) in self._handles.items():
-                if isinstance(key, Bucket):
-                    key.scatter(self._compression.decompress(synchronize(handle), ctx))
-                    continue
-                if isinstance(key, tuple):
-                    outputs = synchronize(handle)
-                    for member, output, member_ctx in zip(key, outputs, ctx, strict=True):
-                        self._allreduce_delay[member] = self.backward_passes_per_step
-                        member.grad.set_(self._compression.decompress(output, member_ctx))
-                    if self._groups is not None and self._group_counts[key] != 0:
-                        self._group_counts[key] = 0
-                    continue
-                output = handle() if callable(handle) else synchronize(handle)
-                self._allreduce_delay[key] = self.backward_passes_per_step
-                if self._groups is not None:
-                    group = self._p_to_group[key]
-                    if self._group_counts[group] != 0:
-                        self._group_counts[group] = 0
-                if key.grad.is_sparse:
-                    aggregated = self._compression.decompress(output, ctx)
-                    if not aggregated.is_sparse:
-                        aggregated = aggregated.to_sparse()
-                    key.grad.zero_().add_(aggregated)
-                else:
-                    key.grad.set_(self._compression.decompress(output, ctx))
-        finally:
-            self._handles.clear()
-            for bucket in self._buckets:
-                bucket.restart(self.backward_passes_per_step)
-        self._checked = True
-        self._synchronized = True
-        if self._buckets_gen != runtime.STATE.gen and self._may_bucket():
-            self._form_buckets()
+            begun = self._handles.get(bucket.name)
+            if begun is None or begun.wait is None:
+                self._keep(self._allreduce_bucket_async(bucket))
+        for begun in [r for r in self._handles.values() if r.wait is None]:
+            self._keep(self._allreduce_grad_async(begun.params[0]))
+
+    def _land(self, reduction: Reduction) -> None:
+        """Wait for one reduction and put its result into the gradients."""
+        assert reduction.wait is not None
+        output = reduction.wait()
+        decompress = self._compression.decompress
+        if reduction.bucket is not None:
+            reduction.bucket.scatter(decompress(output, reduction.ctx))
+            return
+        for member in reduction.params:
+            self._allreduce_delay[member] = self.backward_passes_per_step
+        if self._groups is not None:
+            self._group_counts[self._p_to_group[reduction.params[0]]] = 0
+        parts = output if reduction.grouped else [output]
+        ctxs = reduction.ctx if reduction.grouped else [reduction.ctx]
+        for member, part, ctx in zip(reduction.params, parts, ctxs, strict=True):
+            grad = member.grad
+            assert grad is not None  # (every gradient reduced was computed, or zeros stood in)
+            if not grad.is_sparse:
+                grad.set_(decompress(part, ctx))
+                continue
+            aggregated = decompress(part, ctx)
+            grad.zero_().add_(aggregated if aggregated.is_sparse else aggregated.to_sparse())
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:

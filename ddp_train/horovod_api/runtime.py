@@ -288,6 +288,11 @@ def _at_exit() -> None:
         world.engine.send({"type": "bye"})
 
 
+def generation() -> int:
+    """The number of this rank's generation of collectives (each hvd.init() after a shutdown starts the next)."""
+    return STATE.gen
+
+
 def cycle_counts() -> Counts:
     """What this rank's engine cycles did since the job started (all zeros before the first init())."""
     return STATE.world.engine.counts() if STATE.world is not None else Counts()

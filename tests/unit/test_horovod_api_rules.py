@@ -184,3 +184,18 @@ def test_the_timeline_marks_the_engines_cycles_only_when_cycles_are_marked(tmp_p
             continue
         assert [(e["name"], e.get("args")) for e in marks] == [
             ("CYCLE_GUESSED", {"collectives": "allreduce.a,allreduce.b"}), ("CYCLE_AGREED", None)]
+
+
+def test_each_kind_of_call_adds_its_own_fields_to_its_requests():
+    from ddp_train.horovod_api import calls
+    from ddp_train.horovod_api.process_sets import global_process_set
+
+    one = ([torch.ones(2)], [None], None, global_process_set)
+    assert calls.Allreduce(*one, op=AVERAGE, prescale=2, checked=True).fields() == {
+        "op": AVERAGE, "prescale": 2.0, "postscale": 1.0, "checked": True}
+    assert calls.Allgather(*one).fields() == {} and calls.Allgather(*one).prefix == "allgather"
+    assert calls.Broadcast(*one, root=2).fields() == {"root": 2}
+    alltoall = calls.Alltoall(*one, splits=(1, 1), received_on=torch.device("cpu"))
+    assert alltoall.fields() == {"splits": [1, 1]} and alltoall.splits_device() == torch.device("cpu")
+    assert calls.Reducescatter(*one, op=SUM).kind == REDUCESCATTER
+    assert calls.Allreduce(*one).splits_device() is None
