@@ -5,7 +5,7 @@ guess (the step's small sums reduced first with every rank's flag: no collective
 tensors a step (161: ResNet-50's count of gradients; 16 floats each, so that their sum is one the guess takes), at
 N ranks.
 
-    python -m benchmarks.negotiation --np 2,8,64,256,1024 --tensors 161,1000 --real-np 2,4,8,16 --out benchmarks/results
+    python -m benchmarks.negotiation --np 2,8,64,256,1024 --tensors 161 --real-np 2,4,8,16 --out benchmarks/results
 
 Simulated (every N), in one process and without torch: every rank is the engine's own state machine
 (engine_core.EngineCore), driven cycle by cycle as the engine's thread drives it (start, the guess's count or the
@@ -424,7 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Simulate every N, then run the real ones (or be one rank, with --worker)."""
     p = parser("negotiation", __doc__)
     p.add_argument("--np", type=world_sizes, default=[2, 8, 64, 256, 1024], help="simulated world sizes")
-    p.add_argument("--tensors", type=csv_list(int, minimum=1), default=[161, 1000], help="tensors a step")
+    p.add_argument("--tensors", type=csv_list(int, minimum=1), default=[161],
+                   help="tensors a step (161: ResNet-50's gradients)")
     p.add_argument("--steps", type=int, default=4,
                    help="steps per measurement: the first is reported apart; the steady ones follow a step that arms "
                         "the guess (run, not reported)")
