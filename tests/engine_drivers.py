@@ -6,11 +6,21 @@ SHA-256 of its weights; the same text is in both drivers. Each driver prints one
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
+from typing import Any, Dict
+
+REPO = Path(__file__).resolve().parents[1]
+#: the drivers' environment: Spark's workers run this Python; Ray's raylet waits this long for its agents (a loaded
+#: 2-core machine can take longer than Ray's 30 s default)
+ENGINE_ENV = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+              "RAY_agent_register_timeout_ms": "180000", "PYTHONPATH": str(REPO)}
 
 TRAIN = '''
 def train(steps):
     import hashlib
+    import socket
 
     import torch
     import horovod.torch as hvd
@@ -28,7 +38,8 @@ def train(steps):
         model(x).pow(2).mean().backward()
         optimizer.step()
     weights = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
-    return {"rank": hvd.rank(), "size": hvd.size(), "sha256": hashlib.sha256(weights).hexdigest()}
+    return {"rank": hvd.rank(), "size": hvd.size(), "sha256": hashlib.sha256(weights).hexdigest(),
+            "host": socket.gethostname()}
 
 
 def fail(pid_dir):
@@ -144,6 +155,16 @@ result = driver.train(3)
 if result["rank"] == 0:
     print("RESULT " + json.dumps(result), flush=True)
 '''
+
+
+def results(output: str) -> Dict[str, Any]:
+    """The `RESULT {...}` lines a driver printed, by check."""
+    found = {}
+    for line in output.splitlines():
+        if line.startswith("RESULT {"):
+            record = json.loads(line[len("RESULT "):])
+            found[record["check"]] = record["value"]
+    return found
 
 
 def write(folder: Path) -> None:

@@ -18,26 +18,12 @@ import psutil
 import pytest
 
 import engine_drivers
+from engine_drivers import ENGINE_ENV, results
 from ddp_train.port.__main__ import main as port_main
-from launched import BIN, PY, REPO, run_cmd
+from launched import BIN, PY, run_cmd
 from projects import block_horovod
 
 pytestmark = pytest.mark.timeout(900)
-
-#: Ray's raylet waits this long for its agents; a loaded 2-core machine can take longer than Ray's 30 s default
-ENGINE_ENV = {"PYSPARK_PYTHON": PY, "PYSPARK_DRIVER_PYTHON": PY, "RAY_agent_register_timeout_ms": "180000",
-              "PYTHONPATH": str(REPO)}
-
-
-def results(output: str) -> Dict[str, Any]:
-    """The RESULT lines a driver printed, by check."""
-    found = {}
-    for line in output.splitlines():
-        if line.startswith("RESULT {"):
-            record = json.loads(line[len("RESULT "):])
-            found[record["check"]] = record["value"]
-    return found
-
 
 def alive(pid_dir: Path) -> List[int]:
     """The workers that wrote their pid in `pid_dir` and still run."""
