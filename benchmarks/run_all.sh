@@ -81,6 +81,7 @@ quick_steps() {
   finish
   step -m benchmarks.port_speed --lines 60 --repeats 1 --out "$OUT"
   step -m benchmarks.port_exit --runs 1 --endings port,no-end --out "$OUT"
+  step -m benchmarks.engine_startup --engines spark,ray --np 2 --repeats 1 --out "$OUT"
   step -m benchmarks.negotiation --np 2,8 --tensors 16 --steps 2 --real-np 2 --real-steps 2 --out "$OUT"
   step -m benchmarks.horovod_api --script small-tensors --np 2 --backends api,port --repeats 1 --batch-size 2 \
       --warmup-batches 1 --batches-per-iter 1 --iters 1 --out "$OUT/small-tensors"
@@ -159,6 +160,8 @@ full_steps() {
   step -m benchmarks.port_speed --lines 300 --repeats 5 --out "$OUT"
   # How the processes of ported scripts end: each 50 times at 2 ranks, the port as written and without its end.
   step -m benchmarks.port_exit --runs 50 --np 2 --endings port,no-end --out "$OUT"
+  # horovod.spark.run and RayExecutor on the Horovod API: from the call to the first step and to the result.
+  step -m benchmarks.engine_startup --engines spark,ray --np 2,4 --repeats 3 --out "$OUT"
   # The Horovod API's negotiation per step, response cache on and off, simulated to 1024 ranks, real to 16.
   step -m benchmarks.negotiation --steps 3 --real-steps 12 --out "$OUT"
   # Horovod's own synthetic benchmark script and test suite on the project's Horovod API and on real Horovod.

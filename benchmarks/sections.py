@@ -424,12 +424,22 @@ def negotiation(result: Result) -> str:
     return "\n\n".join(parts)
 
 
+def engine_startup(result: Result) -> str:
+    """Seconds from a Spark or Ray driver's call to the first training step and to the result, per number of workers,
+    the first call and the next."""
+    calls = {1: "first", 2: "next"}
+    return (f"Median of {result['settings']['repeats']} drivers each, on the Horovod API:\n\n" + table(
+        ["engine", "workers", "call", "engine start s", "to fn s", "to first step s", "to result s"],
+        [[r["engine"], r["workers"], calls.get(r["call"], r["call"]), f"{r['engine_start_s']:.1f}",
+          f"{r['to_fn_s']:.2f}", f"{r['to_first_step_s']:.2f}", f"{r['to_result_s']:.2f}"] for r in result["rows"]]))
+
+
 #: a result's "benchmark" -> its section: (result, options from the placeholder) -> markdown
 SECTIONS: dict[str, Callable[..., str]] = {
     "allreduce": allreduce, "throughput": throughput, "loop_overhead": loop_overhead, "ddp_comm_hook": ddp_comm_hook,
     "probe_cost": probe_cost, "horovod_cycle": horovod_cycle, "stop_latency": stop_latency, "verdicts": verdicts,
     "exact_cost": exact_cost, "horovod_api": horovod_api, "horovod_suite": horovod_suite, "port_speed": port_speed,
-    "negotiation": negotiation, "port_exit": port_exit}
+    "negotiation": negotiation, "port_exit": port_exit, "engine_startup": engine_startup}
 
 
 def section(result: Result, *options: str) -> str:
