@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from common.rundir.names import LAUNCH_LOG, METRICS_FILE
+
 from .report import Skipped
 
 #: folders never ported nor copied, by name: why
@@ -22,7 +24,7 @@ SKIPPED_NAMES = {
     "lightning_logs": "run output", "runs": "run output (TensorBoard's and this project's default folder)",
 }
 #: a file that makes its folder a run's output: this project's run directories, TensorBoard's event files
-RUN_OUTPUT_FILES = ("metrics.jsonl", "launch.log")
+RUN_OUTPUT_FILES = (METRICS_FILE, LAUNCH_LOG)
 EVENTS_PREFIX = "events.out.tfevents."
 
 Definition = Union[ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef]
