@@ -56,6 +56,17 @@ def fail(pid_dir):
         raise ValueError("rank 1 cannot train")
     hvd.allreduce(torch.ones(1), name="waits_for_rank_1")
     return hvd.rank()
+
+
+def hang(pid_dir):
+    import os
+    import time
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    open(os.path.join(pid_dir, str(os.getpid())), "w").close()
+    time.sleep(600)
 '''
 
 SPARK_DRIVER = TRAIN + '''
@@ -84,6 +95,8 @@ if __name__ == "__main__":
             horovod.spark.run(train, args=(1,), num_proc=3, start_timeout=2)
         except Exception as exc:
             report("too_many", str(exc))
+    if len(sys.argv) > 4:  # then the test's Ctrl-C, while every rank sleeps in fn
+        horovod.spark.run(hang, args=(sys.argv[4],), num_proc=2)
     spark.stop()
 '''
 
@@ -140,6 +153,10 @@ if __name__ == "__main__":
         big.start()
     except Exception as exc:
         report("too_many", str(exc))
+    if len(sys.argv) > 2:  # then the test's Ctrl-C, while every worker sleeps in fn
+        executor = RayExecutor(settings, num_workers=2, cpus_per_worker=1)
+        executor.start()
+        executor.run(hang, args=[sys.argv[2]])
     ray.shutdown()
 '''
 

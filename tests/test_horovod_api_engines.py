@@ -4,13 +4,16 @@ and their ports (python -m ddp_train.port: TorchDistributor, Ray actors) under p
 
 Every rank's result comes back in rank order, and rank 0's weights are bitwise equal to the same function's under
 `horovodrun -np 2 --gloo` with real Horovod; an exception in one worker is the driver's exception, naming the rank,
-with no worker left; too many workers for the cluster is one line naming both numbers."""
+with no worker left; too many workers for the cluster is one line naming both numbers; the driver's Ctrl-C leaves no
+worker running."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -21,6 +24,7 @@ import engine_drivers
 from engine_drivers import ENGINE_ENV, results
 from ddp_train.port.__main__ import main as port_main
 from launched import BIN, PY, run_cmd
+from processes import Job
 from projects import block_horovod
 
 pytestmark = pytest.mark.timeout(900)
@@ -43,9 +47,22 @@ def alive(pid_dir: Path) -> List[int]:
 def folder(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("engines")
     engine_drivers.write(where)
-    for name in ("spark_pids", "ray_pids"):
+    for name in ("spark_pids", "ray_pids", "spark_hang", "ray_hang"):
         (where / name).mkdir()
     return where
+
+
+def interrupted(folder: Path, args: List[str], hang_dir: Path) -> Dict[str, Any]:
+    """A driver's checks, then its Ctrl-C (SIGINT) once both workers sleep in fn: its results, its exit code, and
+    the workers left running 10 s after it ended."""
+    job = Job([PY, "-m", "ddp_train.horovod_api", *args, str(hang_dir)], env=ENGINE_ENV, cwd=folder)
+    job.wait_until(lambda: len(list(hang_dir.iterdir())) == 2, "the workers never reached fn", timeout=600)
+    job.send_signal(signal.SIGINT)
+    code = job.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while alive(hang_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return {**results(job.output), "exit": code, "left": alive(hang_dir)}
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +76,13 @@ def under_horovodrun(folder) -> Dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def spark(folder) -> Dict[str, Any]:
-    out = run_cmd([PY, "-m", "ddp_train.horovod_api", "spark_driver.py", "local[2]", "2", str(folder / "spark_pids")],
-                  cwd=folder, env=ENGINE_ENV, timeout=600).check()
-    return results(out.output)
+    return interrupted(folder, ["spark_driver.py", "local[2]", "2", str(folder / "spark_pids")],
+                       folder / "spark_hang")
 
 
 @pytest.fixture(scope="module")
 def ray(folder) -> Dict[str, Any]:
-    out = run_cmd([PY, "-m", "ddp_train.horovod_api", "ray_driver.py", str(folder / "ray_pids")], cwd=folder,
-                  env=ENGINE_ENV, timeout=600).check()
-    return results(out.output)
+    return interrupted(folder, ["ray_driver.py", str(folder / "ray_pids")], folder / "ray_hang")
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +130,10 @@ def test_spark_refusals_are_one_line(spark):
                                  "(local[N], or more executors)")
 
 
+def test_ctrl_c_in_the_spark_driver_leaves_no_worker(spark):
+    assert spark["exit"] != 0 and spark["left"] == []
+
+
 def test_spark_run_without_a_session_gives_horovods_message(folder):
     out = run_cmd([PY, "-m", "ddp_train.horovod_api", "no_session_driver.py"], cwd=folder, env=ENGINE_ENV).check()
     assert ("RESULT Exception: Could not find an active SparkContext, are you running in a PySpark session?"
@@ -135,6 +153,10 @@ def test_ray_workers_keep_their_state_across_calls(ray):
 def test_ray_worker_exception_names_the_rank_and_ends_every_worker(ray, folder):
     check_failure(ray, folder / "ray_pids", "RayExecutor")
     assert ray["after_fail"] == 0
+
+
+def test_ctrl_c_in_the_ray_driver_leaves_no_worker(ray):
+    assert ray["exit"] != 0 and ray["left"] == []
 
 
 def test_ray_too_many_workers_is_one_line(ray):
