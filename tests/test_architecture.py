@@ -29,7 +29,8 @@ ALLOWED = {
     "common.compare": {"common.config", "common.doctor", "common.errors", "common.launch", "common.rundir"},
     "common.probe": {"common.checkpoints", "common.errors", "common.inputs", "common.launch", "common.rundir"},
     "common.entry": {"common.config", "common.faults", "common.launch", "common.trainer"},
-    "ddp_train": {"common.config", "common.entry", "common.errors", "common.launch", "common.loop"},
+    # common.rundir: the port of a folder skips run directories, told by their names
+    "ddp_train": {"common.config", "common.entry", "common.errors", "common.launch", "common.loop", "common.rundir"},
     "hvd_train": {"common.checkpoints", "common.config", "common.doctor", "common.entry", "common.errors",
                   "common.launch", "common.loop"},
     "benchmarks": {"common.compare", "common.config", "common.errors", "common.exact", "common.faults",
