@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 #: the drivers' environment: Spark's workers run this Python; Ray's raylet waits this long for its agents (a loaded
@@ -190,3 +192,25 @@ def write(folder: Path) -> None:
     (folder / "no_session_driver.py").write_text(NO_SESSION_DRIVER)
     (folder / "ray_driver.py").write_text(RAY_DRIVER)
     (folder / "under_horovodrun.py").write_text(HOROVODRUN_SCRIPT)
+
+
+def alive(pid_dir: Path) -> List[int]:
+    """The workers that wrote their pid in `pid_dir` and still run."""
+    pids = [int(p.name) for p in pid_dir.iterdir()]
+    assert pids, "no worker wrote its pid"
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def check_failure(found: Dict[str, Any], pid_dir: Path, where: str) -> None:
+    """The driver's `fail` check: the API's WorkerError naming rank 1 and its message, and no worker left."""
+    fail = found["fail"]
+    assert fail["type"] == "WorkerError" and fail["rank"] == 1, fail
+    assert fail["message"] == f"{where}: rank 1 raised ValueError: rank 1 cannot train"
+    assert alive(pid_dir) == []

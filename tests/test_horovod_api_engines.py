@@ -17,31 +17,16 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-import psutil
 import pytest
 
 import engine_drivers
-from engine_drivers import ENGINE_ENV, results
+from engine_drivers import ENGINE_ENV, alive, check_failure, results
 from ddp_train.port.__main__ import main as port_main
 from launched import BIN, PY, run_cmd
 from processes import Job
 from projects import block_horovod
 
 pytestmark = pytest.mark.timeout(900)
-
-def alive(pid_dir: Path) -> List[int]:
-    """The workers that wrote their pid in `pid_dir` and still run."""
-    pids = [int(p.name) for p in pid_dir.iterdir()]
-    assert pids, "no worker wrote its pid"
-    running = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                running.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return running
-
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
@@ -107,13 +92,6 @@ def check_train(found: Dict[str, Any], reference: Dict[str, Any]) -> None:
     assert [r["rank"] for r in train] == [0, 1] and all(r["size"] == 2 for r in train)
     assert train[0]["sha256"] == reference["sha256"], "rank 0's weights differ from horovodrun's"
     assert train[1]["sha256"] == train[0]["sha256"]
-
-
-def check_failure(found: Dict[str, Any], pid_dir: Path, where: str) -> None:
-    fail = found["fail"]
-    assert fail["type"] == "WorkerError" and fail["rank"] == 1, fail
-    assert fail["message"] == f"{where}: rank 1 raised ValueError: rank 1 cannot train"
-    assert alive(pid_dir) == []
 
 
 def test_spark_run_returns_every_rank_in_order_bitwise_equal_to_horovodrun(spark, under_horovodrun):

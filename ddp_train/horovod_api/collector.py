@@ -14,7 +14,7 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import cloudpickle
 
@@ -47,9 +47,11 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes:
 
 class Collector:
     """Listens on `host` (the driver's address as the ranks reach it) and keeps every authenticated report, in the
-    order they came. Use as a context manager; `outcomes()` reads what came so far."""
+    order they came; `on_error` is called once, on the first report of an error (from the receiving thread). Use as a
+    context manager; `outcomes()` reads what came so far."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, on_error: Optional[Callable[[], None]] = None) -> None:
+        self._on_error = on_error
         self.token = secrets.token_bytes(_TOKEN_BYTES)
         self._listener = socket.create_server((host, 0))
         self._listener.settimeout(0.2)
@@ -86,9 +88,13 @@ class Collector:
                     return  # not one of this job's ranks: nothing of it is read further
                 (length,) = _LENGTH.unpack(_read_exactly(conn, _LENGTH.size))
                 outcome = pickle.loads(_read_exactly(conn, length))
+                first_error = False
                 if isinstance(outcome, Outcome):
                     with self._lock:
+                        first_error = outcome.error is not None and all(o.error is None for o in self._arrived)
                         self._arrived.append(outcome)
+                if first_error and self._on_error is not None:
+                    self._on_error()
                 conn.sendall(_ACK)
             except (OSError, ConnectionError, pickle.UnpicklingError, EOFError):
                 return

@@ -129,7 +129,10 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Mappi
     with visible.shown():
         function = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
     group = f"horovod.spark.run.{uuid.uuid4().hex[:12]}"
-    with Collector(_report_host(conf, local)) as collector:
+    # On a cluster a failed barrier stage is retried by Spark (spark.task.maxFailures): the first rank's error ends the
+    # job instead, as Horovod's driver cancels its Spark job. In local mode torchrun stops the other ranks itself.
+    cancel = None if local else (lambda: spark_context.cancelJobGroup(group))
+    with Collector(_report_host(conf, local), on_error=cancel) as collector:
         spec = TaskSpec(function, collector.address, {str(k): str(v) for k, v in (env or {}).items()})
         distributor = TorchDistributor(num_processes=num_proc, local_mode=local, use_gpu=_uses_gpus(conf, local))
         redirect = contextlib.redirect_stdout(stdout) if stdout is not None else contextlib.nullcontext()

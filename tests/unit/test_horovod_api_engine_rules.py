@@ -53,6 +53,16 @@ def test_the_collector_keeps_reports_with_the_token_only():
         assert collector.by_rank() == {1: Outcome(1, {"weights": "abc"}), 0: Outcome(0, [1, 2])}
 
 
+def test_the_first_error_reported_calls_on_error_once():
+    calls = []
+    with Collector("127.0.0.1", on_error=lambda: calls.append("cancel")) as collector:
+        report(collector.address, Outcome(0, "fine"))
+        assert calls == []
+        report(collector.address, Outcome(1, error=RemoteError(1, "ValueError", "no data")))
+        report(collector.address, Outcome(0, error=RemoteError(0, "HorovodInternalError", "peer gone")))
+    assert calls == ["cancel"]
+
+
 def test_a_value_that_cannot_be_pickled_reaches_the_driver_as_its_error():
     with Collector("127.0.0.1") as collector, socket.socket() as unpicklable:
         report(collector.address, Outcome(0, unpicklable))
