@@ -1,6 +1,8 @@
 """horovod.spark.run on a standalone Spark cluster of the two simulated hosts (tests/cluster.py): a master on node0 and
 a worker of one core on each host, the driver on node0. TorchDistributor runs barrier tasks, one rank on each host;
-every rank's result comes back in rank order, bitwise equal to the same function under horovodrun -np 2 --gloo."""
+every rank's result comes back in rank order, bitwise equal to the same function under horovodrun -np 2 --gloo; a
+rank's exception on the other host is the driver's, naming it, with no worker left; a third rank for two slots is one
+line once start_timeout has passed."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 
 import engine_drivers
 from cluster import on_host
-from engine_drivers import ENGINE_ENV, results
+from engine_drivers import ENGINE_ENV, check_failure, results
 from launched import BIN, PY, REPO, job_env, run_cmd
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
@@ -75,9 +77,11 @@ def on_cluster(spark_cluster, cluster, tmp_path_factory) -> Dict:
                          str(folder / "under_horovodrun.py"), str(folder / "spark_driver.py")], cwd=folder).check()
     line = next(x for x in reference.output.splitlines() if "RESULT {" in x)
     env = {**ENGINE_ENV, "SPARK_LOCAL_IP": cluster.addresses["node0"]}
-    out = cluster.run("node0", [PY, "-m", "ddp_train.horovod_api", str(folder / "spark_driver.py"), spark_cluster, "2"],
-                      timeout=600, env=env).check()
-    return {"reference": json.loads(line.split("RESULT ", 1)[1]), "found": results(out.output)}
+    pids = folder / "pids"
+    pids.mkdir()
+    out = cluster.run("node0", [PY, "-m", "ddp_train.horovod_api", str(folder / "spark_driver.py"), spark_cluster, "2",
+                                str(pids)], timeout=600, env=env).check()
+    return {"reference": json.loads(line.split("RESULT ", 1)[1]), "found": results(out.output), "pids": pids}
 
 
 def test_spark_run_on_a_standalone_cluster_puts_one_rank_on_each_host(on_cluster):
@@ -85,3 +89,14 @@ def test_spark_run_on_a_standalone_cluster_puts_one_rank_on_each_host(on_cluster
     assert [r["rank"] for r in train] == [0, 1] and all(r["size"] == 2 for r in train)
     assert sorted(r["host"] for r in train) == ["node0", "node1"]
     assert train[0]["sha256"] == train[1]["sha256"] == on_cluster["reference"]["sha256"]
+
+
+def test_a_rank_that_raises_on_another_host_is_named_and_no_worker_is_left(on_cluster):
+    check_failure(on_cluster["found"], on_cluster["pids"], "horovod.spark.run")
+
+
+def test_more_ranks_than_the_clusters_slots_is_one_line_after_start_timeout(on_cluster):
+    assert on_cluster["found"]["too_many"] == (
+        "horovod.spark.run: num_proc=3 is more than the 2 task slots of this Spark cluster after waiting "
+        "start_timeout=2 s; each Horovod process runs in a Spark task: lower num_proc or give Spark more cores "
+        "(local[N], or more executors)")
