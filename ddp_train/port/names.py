@@ -76,6 +76,11 @@ class HorovodNames:
         return full
 
 
+def label(api: str) -> str:
+    """How the report names an API: "hvd.rank" for horovod.torch's, the full name ("horovod.spark.run") otherwise."""
+    return api if api.startswith("horovod.") else f"hvd.{api}"
+
+
 def horovod_import(small: cst.CSTNode) -> bool:
     """An import statement that imports something of Horovod."""
     if isinstance(small, cst.Import):

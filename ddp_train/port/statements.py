@@ -10,7 +10,7 @@ import libcst as cst
 
 from . import expressions, optimizer
 from .context import arguments, code
-from .names import dotted
+from .names import dotted, label
 from .plan import Wrap, broadcast_model, constructor, single
 from .rule import Replace, StatementRule, StatementSite
 
@@ -129,7 +129,7 @@ def in_place(site: StatementSite) -> Result:
     found = expressions.in_place_statement(site.port, api, site.call)
     if found is None:
         return None
-    site.port.change(site.line, f"hvd.{api}", f"{code(site.call.func)}(...) -> {found.text}: {found.does}")
+    site.port.change(site.line, label(api), f"{code(site.call.func)}(...) -> {found.text}: {found.does}")
     return Replace((found.text,))
 
 

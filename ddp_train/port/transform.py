@@ -13,7 +13,7 @@ from . import accumulation, expressions, statements, wrapped
 from .accumulation import Site
 from .bindings import Bindings
 from .context import Context, above, code, with_above
-from .names import horovod_import
+from .names import horovod_import, label
 from .plan import Plan, Wrap, called, single
 from .rule import StatementRule, StatementSite
 from .unported import comment_line, reason, references, with_comment
@@ -232,7 +232,7 @@ class Porter(cst.CSTTransformer):
         if found is None:
             return updated_node
         text = f"{code(original_node.func)}(...)" if original_node.args else code(original_node)
-        self.ctx.change(self.line(original_node), f"hvd.{api}", f"{text} -> {found.text}: {found.does}")
+        self.ctx.change(self.line(original_node), label(api), f"{text} -> {found.text}: {found.does}")
         return cst.parse_expression(found.text, config=self.config)
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
@@ -257,7 +257,7 @@ class Porter(cst.CSTTransformer):
         found = expressions.constant(self.ctx, api)
         if found is None:
             return updated
-        self.ctx.change(self.line(original), f"hvd.{api}", f"{code(original)} -> {found.text}: {found.does}",
+        self.ctx.change(self.line(original), label(api), f"{code(original)} -> {found.text}: {found.does}",
                         changes_training=found.effect is not None, effect=found.effect)
         return cst.parse_expression(found.text, config=self.config)
 
