@@ -59,6 +59,39 @@ def agreement(pairs: Sequence[ParityResult], world: int) -> List[str]:
     return out
 
 
+def _draw_run(run: Run, ax_loss: Any, ax_acc: Optional[Any], handles: Dict[str, Any]) -> None:
+    """One run's curves: its loss per epoch and validation top-1 (on `ax_acc`), or per step where it records no
+    epochs (`ax_acc` None)."""
+    ls, marker = style_of(run.label)
+    style = {"ls": ls, "marker": marker, "ms": 5 if ax_acc is not None else 2, "mfc": "none",
+             "color": color_of(run.label), "lw": 1.6 if ax_acc is not None else 1.0}
+    if ax_acc is None:
+        losses = run.step_losses()
+        line, = ax_loss.plot(sorted(losses), [losses[s] for s in sorted(losses)], **style)
+        handles.setdefault(run.label, line)
+        return
+    epochs = run.epochs()
+    line, = ax_loss.plot([e["epoch"] + 1 for e in epochs], [e["train_loss"] for e in epochs], **style)
+    handles.setdefault(run.label, line)
+    evals = [e for e in epochs if e.get("val_top1") is not None]
+    ax_acc.plot([e["epoch"] + 1 for e in evals], [100 * e["val_top1"] for e in evals], **style)
+
+
+def _draw_floor_around(run: Run, spread: Dict[int, Dict[str, float]], ax_loss: Any, ax_acc: Any,
+                       handles: Dict[str, Any]) -> None:
+    """The noise floor's spread per epoch, shaded around its base run's loss and top-1."""
+    epochs = run.epochs()
+    xs = [e["epoch"] + 1 for e in epochs]
+    lo_hi = [(e["train_loss"], spread.get(e["epoch"], {}).get("loss", 0.0)) for e in epochs]
+    band = ax_loss.fill_between(xs, [y - w for y, w in lo_hi], [y + w for y, w in lo_hi], color="gray", alpha=0.3,
+                                lw=0)
+    handles.setdefault("noise floor's spread (around the first backend)", band)
+    top1 = [(e["epoch"] + 1, 100 * e["val_top1"], 100 * spread.get(e["epoch"], {}).get("top1", 0.0))
+            for e in epochs if e.get("val_top1") is not None]
+    ax_acc.fill_between([x for x, _, _ in top1], [y - w for _, y, w in top1], [y + w for _, y, w in top1],
+                        color="gray", alpha=0.3, lw=0)
+
+
 def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict[str, Any]]] = None,
            pairs: Sequence[ParityResult] = ()) -> str:
     """Learning curves, one column per world size: training loss (top) and validation top-1 (bottom) against
@@ -79,32 +112,10 @@ def curves(runs: List[Run], out: Path, floors: Optional[Dict[int, Dict[str, Any]
         ax_loss = axes[0][col]
         here = sorted((r for r in shown if r.world_size == world), key=lambda r: r.label != "ddp")
         for run in here:
-            ls, marker = style_of(run.label)
-            style = {"ls": ls, "marker": marker, "ms": 5 if by_epoch else 2, "mfc": "none",
-                     "color": color_of(run.label), "lw": 1.6 if by_epoch else 1.0}
-            if not by_epoch:
-                losses = run.step_losses()
-                line, = ax_loss.plot(sorted(losses), [losses[s] for s in sorted(losses)], **style)
-                handles.setdefault(run.label, line)
-                continue
-            epochs = run.epochs()
-            xs = [e["epoch"] + 1 for e in epochs]
-            line, = ax_loss.plot(xs, [e["train_loss"] for e in epochs], **style)
-            handles.setdefault(run.label, line)
-            evals = [e for e in epochs if e.get("val_top1") is not None]
-            ax_acc = axes[1][col]
-            ax_acc.plot([e["epoch"] + 1 for e in evals], [100 * e["val_top1"] for e in evals], **style)
+            _draw_run(run, axes[0][col], axes[1][col] if by_epoch else None, handles)
             floor_here = floors.get(world)
-            if floor_here and run.name == floor_here["base"]:
-                spread = _floor_spread(runs, floor_here)
-                lo_hi = [(e["train_loss"], spread.get(e["epoch"], {}).get("loss", 0.0)) for e in epochs]
-                band = ax_loss.fill_between(xs, [y - w for y, w in lo_hi], [y + w for y, w in lo_hi], color="gray",
-                                            alpha=0.3, lw=0)
-                handles.setdefault("noise floor's spread (around the first backend)", band)
-                top1 = [(e["epoch"] + 1, 100 * e["val_top1"], 100 * spread.get(e["epoch"], {}).get("top1", 0.0))
-                        for e in evals]
-                ax_acc.fill_between([x for x, _, _ in top1], [y - w for _, y, w in top1], [y + w for _, y, w in top1],
-                                    color="gray", alpha=0.3, lw=0)
+            if by_epoch and floor_here and run.name == floor_here["base"]:
+                _draw_floor_around(run, _floor_spread(runs, floor_here), axes[0][col], axes[1][col], handles)
         said = agreement(pairs, world)
         if said:
             ax_loss.text(0.98, 0.97, "\n".join(said), transform=ax_loss.transAxes, ha="right", va="top",
@@ -135,6 +146,42 @@ def parity(pairs: List[ParityResult], floors: Dict[int, Dict[str, Any]], out: Pa
     return save(parity_figure(pairs, floors, margin), out / PLOTS["parity"], tight=False)
 
 
+def _draw_floor_band(ax: Any, band: Dict[str, float], margin: Optional[float], bottom: float,
+                     legend: Dict[str, Any]) -> None:
+    """A world size's noise-floor band per step, shaded, and `margin` times it dashed."""
+    steps = sorted(band, key=int)
+    if not steps:
+        return
+    xs = [int(s) for s in steps]
+    shade = ax.fill_between(xs, [bottom] * len(steps), [band[s] for s in steps], color="gray", alpha=0.3, lw=0,
+                            step="post")
+    legend.setdefault("noise floor's band (rounding alone)", shade)
+    if margin:
+        dashed, = ax.step(xs, [margin * band[s] for s in steps], where="post", color="gray", ls="--", lw=0.8)
+        legend.setdefault(f"{margin:g}x the band: beyond it, trains differently", dashed)
+
+
+def _draw_gap(ax: Any, p: ParityResult, quantity: str, key: str, margin: Optional[float],
+              legend: Dict[str, Any]) -> None:
+    """A pair's relative gap per step, the step where it trains differently, and `margin` times the floor's branches
+    it is judged against after a branch of its own."""
+    series = getattr(p, key)
+    steps = sorted(series, key=int)
+    if not steps:
+        return
+    # a zero gap (the same bits) has no place on a log axis: the line breaks there
+    line, = ax.plot([int(s) for s in steps], [series[s] if series[s] > 0 else float("nan") for s in steps],
+                    lw=1.2, marker=".", ms=3, color=color_of(p.b), ls=style_of(p.a)[0])
+    legend.setdefault(f"{p.a.split('@')[0]} vs {p.b.split('@')[0]}", line)
+    if p.trains_differently_from is not None:
+        ax.axvline(int(p.trains_differently_from), color=line.get_color(), ls=":", lw=1.2)
+    judged = p.branch_levels.get(quantity) or {}
+    if judged and margin:
+        at = sorted(judged, key=int)
+        ax.step([int(s) for s in at], [margin * judged[s] for s in at], where="post", color=line.get_color(),
+                ls="--", lw=0.8, label=f"{margin:g}x rounding's branches, judging {p.a} vs {p.b}")
+
+
 def parity_figure(pairs: List[ParityResult], floors: Dict[int, Dict[str, Any]],
                   margin: Optional[float] = None) -> Figure:
     """Per-step gaps of every pair that is not a repeat, one column per world size: the loss (top) and the weights'
@@ -151,38 +198,11 @@ def parity_figure(pairs: List[ParityResult], floors: Dict[int, Dict[str, Any]],
         here = [p for p in pairs if p.world_size == world]
         for row, (quantity, key) in enumerate((("loss", "rel_loss_diff"), ("weights", "rel_weight_diff"))):
             ax = axes[row][col]
-            f = floors.get(world)
-            if f:
-                band = f["band"][quantity]
-                steps = sorted(band, key=int)
-                if steps:
-                    xs = [int(s) for s in steps]
-                    shade = ax.fill_between(xs, [bottom] * len(steps), [band[s] for s in steps], color="gray",
-                                            alpha=0.3, lw=0, step="post")
-                    legend.setdefault("noise floor's band (rounding alone)", shade)
-                    if margin:
-                        dashed, = ax.step(xs, [margin * band[s] for s in steps], where="post", color="gray", ls="--",
-                                          lw=0.8)
-                        legend.setdefault(f"{margin:g}x the band: beyond it, trains differently", dashed)
+            if floors.get(world):
+                _draw_floor_band(ax, floors[world]["band"][quantity], margin, bottom, legend)
             for p in here:
-                series = getattr(p, key)
-                steps = sorted(series, key=int)
-                name = f"{p.a.split('@')[0]} vs {p.b.split('@')[0]}"
-                if not steps or p.bitwise_identical:
-                    continue
-                # a zero gap (the same bits) has no place on a log axis: the line breaks there
-                line, = ax.plot([int(s) for s in steps], [series[s] if series[s] > 0 else float("nan")
-                                                          for s in steps],
-                                lw=1.2, marker=".", ms=3, color=color_of(p.b), ls=style_of(p.a)[0])
-                legend.setdefault(name, line)
-                if p.trains_differently_from is not None:
-                    ax.axvline(int(p.trains_differently_from), color=line.get_color(), ls=":", lw=1.2)
-                judged = p.branch_levels.get(quantity) or {}
-                if judged and margin:  # after a branch of its own, the pair is judged against the floor's branches
-                    at = sorted(judged, key=int)
-                    ax.step([int(s) for s in at], [margin * judged[s] for s in at], where="post",
-                            color=line.get_color(), ls="--", lw=0.8,
-                            label=f"{margin:g}x rounding's branches, judging {p.a} vs {p.b}")
+                if not p.bitwise_identical:
+                    _draw_gap(ax, p, quantity, key, margin, legend)
             identical = [f"{p.a.split('@')[0]} = {p.b.split('@')[0]}" for p in here if p.bitwise_identical]
             if identical:
                 ax.text(0.5, 0.5, "bitwise identical, no gap:\n" + "\n".join(identical), transform=ax.transAxes,
