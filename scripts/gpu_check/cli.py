@@ -1,22 +1,27 @@
-"""`bash scripts/gpu_check.sh [--prepare]`: the arguments, the settings, the run and its exit code (0 when every
-step that should work did, 1 otherwise, 2 on a bad setting)."""
+"""`bash scripts/gpu_check.sh [--prepare]`: the settings, the run, gpu_check.json with the logs' archive beside it
+(docs/gpu-check.md#the-json), and the exit code (0 when every step that should work did, 1 otherwise, 2 on a bad
+setting)."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
+import tarfile
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
 from types import FrameType
 
-from .clock import Clock
-from .context import Context
-from .prepare import prepare
-from .report import print_line, start_line, write
-from .runner import Runner
-from .settings import Settings, carry_folder, refuse
+from .context import Context, StepRecord
+from .horovod import HOROVOD_VERSION
+from .runner import Runner, print_line
+from .settings import PROG, Clock, Settings, carry_folder, refuse
 from .spec import STEPS, names
-from .steps import ACTIONS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,12 +39,52 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(settings.work, ignore_errors=True)
     settings.work.mkdir(parents=True)
     settings.out.mkdir(parents=True, exist_ok=True)
-    print_line(start_line(settings))
-    runner = Runner(STEPS, ACTIONS, ctx, clock)
+    print_line(f"{settings.device}: steps {','.join(settings.only)}; budget {settings.budget:.0f} s; "
+               f"work in {settings.work}")
+    runner = Runner(STEPS, ctx, clock)
     interrupted = runner.run()
-    return write(settings, ctx.found, list(runner.records.values()), interrupted, clock)
+    return write(ctx, list(runner.records.values()), interrupted, clock)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM as SIGINT: the runner stops every command and the record is still written.
-    raise KeyboardInterrupt
+    raise KeyboardInterrupt  # SIGTERM as SIGINT: the runner stops every command and the record is still written
+
+
+def write(ctx: Context, records: Sequence[StepRecord], interrupted: str | None, clock: Clock) -> int:
+    """gpu_check.json and gpu_check_logs.tar.gz in the out folder, and the verdict's line: the exit code, 0 when
+    every required step ran well and nothing interrupted the check, else 1."""
+    settings, failed = ctx.settings, [record.name for record in records if record.spec.required and record.failed]
+    ok, wall_s = not failed and interrupted is None, round(clock.since_start(), 2)
+    steps = [{"name": r.name, "issue_step": r.spec.issue_step, "required": r.spec.required,
+              **{f.name: getattr(r, f.name) for f in fields(r)[1:] if f.name != "reason" or r.reason},
+              "seconds": round(r.seconds, 2)} for r in records]  # the record's fields in order, its reason if any
+    check = {"check": "scripts/gpu_check.sh", "device": settings.device, "rehearsal": settings.device == "cpu",
+             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             "ok": ok, "failed": failed, "interrupted": interrupted, "wall_s": wall_s, "budget_s": settings.budget,
+             "world_size": ctx.nproc, "install": ctx.install_method, "versions": ctx.versions, "compat": ctx.compat,
+             "forced_failures": list(settings.force_fail), "steps": steps}
+    path = settings.out / "gpu_check.json"
+    path.write_text(json.dumps(check, indent=2) + "\n")
+    if (settings.work / "logs").is_dir():
+        with tarfile.open(settings.out / "gpu_check_logs.tar.gz", "w:gz") as tar:
+            tar.add(settings.work / "logs", arcname="logs")
+    print_line(f"{'ok' if ok else 'FAILED: ' + (', '.join(failed) or str(interrupted))} in {wall_s:.0f} s; {path}")
+    return 0 if ok else 1
+
+
+def prepare(carry: Path) -> int:
+    """On a machine with PyPI: Horovod's source, and cffi with pycparser for the GPU machine's Python
+    (build_horovod.sh installs cffi), downloaded into `carry` (runs/gpu-carry); the exit code."""
+    carry.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip", "download", "--no-deps"]
+    for cmd in ([*pip, "--no-binary", ":all:", f"horovod=={HOROVOD_VERSION}", "-d", str(carry)],
+                [*pip, "--only-binary", ":all:", "--python-version", os.environ.get("GPU_CHECK_CARRY_PYTHON", "3.12"),
+                 "--implementation", "cp", "--platform", "manylinux_2_17_x86_64", "--platform",
+                 "manylinux2014_x86_64", "cffi", "pycparser", "-d", str(carry)]):
+        print("$ " + " ".join(cmd), flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            print(f"{PROG}: error: {' '.join(cmd[3:5])} failed (above)", file=sys.stderr)
+            return 1
+    size = sum(p.stat().st_size for p in carry.iterdir() if p.is_file())
+    print_line(f"{carry}: {', '.join(sorted(p.name for p in carry.iterdir()))} ({size / 2**20:.1f} MiB)")
+    return 0

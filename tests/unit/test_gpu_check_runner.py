@@ -1,4 +1,4 @@
-"""The GPU check's runner (scripts/gpu_check/runner.py) on its step list and on steps that launch nothing: the order
+"""The GPU check's runner (scripts/gpu_check/runner.py) on its step table and on steps that launch nothing: the order
 the steps run in, the Horovod build started after ddp and waited for before compare, the time boxes, the skip
 reasons and the lines printed. tests/test_gpu_check.py runs the real steps."""
 
@@ -7,18 +7,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 
-from scripts.gpu_check.clock import Clock
-from scripts.gpu_check.context import Context
-from scripts.gpu_check.record import Skipped, StepFailed
-from scripts.gpu_check.report import write
+from scripts.gpu_check.cli import write
+from scripts.gpu_check.context import Context, Launch, Skipped, StepFailed
 from scripts.gpu_check.runner import Move, Runner, background_box, plan, time_box
-from scripts.gpu_check.settings import Settings
-from scripts.gpu_check.spec import STEPS, PerDevice, StepSpec, check_specs, names
-from scripts.gpu_check.steps import ACTIONS
-from scripts.gpu_check.steps.base import BackgroundStep, Launch, Step
+from scripts.gpu_check.settings import Clock, Settings
+from scripts.gpu_check.spec import STEPS, Background, PerDevice, StepSpec, check_specs, names
 
 #: the record's order, as docs/gpu-check.md's table and tests/test_gpu_check.py have it
 ORDER = ["install", "ddp", "amp_fp16", "amp_bf16", "channels_last", "exact", "horovod_api", "horovod_build",
@@ -28,7 +25,7 @@ SPEC = {spec.name: spec for spec in STEPS}
 
 def test_the_list_orders_the_record_and_the_runs():
     check_specs(STEPS)
-    assert names() == ORDER and set(ACTIONS) == set(ORDER)
+    assert names() == ORDER and all(callable(spec.action) != spec.background for spec in STEPS)
     assert [(spec.name, spec.issue_step) for spec in STEPS if spec.issue_step == 2] == [
         ("amp_fp16", 2), ("amp_bf16", 2), ("channels_last", 2)]
     assert [spec.name for spec in STEPS if not spec.required] == ["horovod_build"]
@@ -53,17 +50,17 @@ def test_time_boxes_keep_back_the_later_selected_steps():
 
 
 def test_lists_that_cannot_run_are_refused():
-    box = PerDevice(1, 1)
+    box, run, build = PerDevice(1, 1), SPEC["ddp"].action, SPEC["horovod_build"].action
     with pytest.raises(ValueError, match="named twice"):
-        check_specs([StepSpec("a", 0, box, box), StepSpec("a", 1, box, box)])
+        check_specs([StepSpec("a", 0, box, box, run), StepSpec("a", 1, box, box, run)])
     with pytest.raises(ValueError, match="ends before 'a'"):
-        check_specs([StepSpec("a", 0, box, box), StepSpec("b", 1, box, box),
-                     StepSpec("c", 2, box, box, background=True, starts_after="b", joined_before="a")])
+        check_specs([StepSpec("a", 0, box, box, run), StepSpec("b", 1, box, box, run),
+                     StepSpec("c", 2, box, box, build, starts_after="b", joined_before="a")])
     with pytest.raises(ValueError, match="only a background step"):
-        check_specs([StepSpec("a", 0, box, box, starts_after="b")])
+        check_specs([StepSpec("a", 0, box, box, run, starts_after="b")])
 
 
-class Fake(Step):
+class Fake:
     def __init__(self, done: list, fails: bool = False, skips: str | None = None) -> None:
         self.done, self.fails, self.skips = done, fails, skips
 
@@ -78,9 +75,10 @@ class Fake(Step):
         self.done.append(("left_out", record.name, record.limit_s))
 
 
-class FakeBuild(BackgroundStep):
+class FakeBuild:
     def __init__(self, done: list) -> None:
         self.done = done
+        self.background = Background(self.prepare, self.finished)
 
     def prepare(self, ctx, record) -> Launch:
         self.done.append(("prepare", record.name, None))
@@ -90,14 +88,17 @@ class FakeBuild(BackgroundStep):
         raise AssertionError("never started")
 
 
-def check(tmp_path, only=tuple(ORDER), fail=(), skip=None) -> tuple[Runner, list]:
+def check(tmp_path, only=tuple(ORDER), fail=(), skip=None, build=None, budget=None) -> tuple[Runner, list]:
+    """A runner of the table with fake steps; `build` (FakeBuild by default) is the Horovod build's class."""
     settings = Settings(device="cpu", python=sys.executable, work=tmp_path / "work", out=tmp_path / "out",
                         carry=tmp_path, budget=300.0, only=tuple(only), force_fail=(), build_wanted="auto",
                         nproc_wanted=None)
     done: list = []
-    actions = {name: Fake(done, fails=name in fail, skips=(skip or {}).get(name)) for name in ORDER}
-    actions["horovod_build"] = FakeBuild(done)
-    runner = Runner(STEPS, actions, Context.create(settings), Clock.started(settings.budget))
+    fakes = {name: Fake(done, fails=name in fail, skips=(skip or {}).get(name)) for name in ORDER}
+    specs = [replace(spec, action=(build or FakeBuild)(done).background) if spec.background else
+             replace(spec, action=fakes[spec.name].run, left_out=spec.left_out and fakes[spec.name].left_out)
+             for spec in STEPS]
+    runner = Runner(specs, Context.create(settings), Clock.started(settings.budget if budget is None else budget))
     return runner, done
 
 
@@ -129,7 +130,7 @@ def test_a_failed_install_skips_the_rest_and_fails_the_check(tmp_path, capsys):
     assert runner.records["horovod_build"].reason == "step install failed"
     settings = runner.ctx.settings
     settings.out.mkdir()
-    assert write(settings, runner.ctx.found, list(runner.records.values()), None, runner.clock) == 1
+    assert write(runner.ctx, list(runner.records.values()), None, runner.clock) == 1
     record = json.loads((settings.out / "gpu_check.json").read_text())
     assert record["failed"] == ["install"] and [step["name"] for step in record["steps"]] == ORDER
     assert record["steps"][0]["issue_step"] == 0 and record["steps"][7]["required"] is False
@@ -147,8 +148,9 @@ def test_steps_left_out_are_skipped_but_install_still_probes(tmp_path, capsys):
 
 def test_a_step_without_its_kind_of_action_is_refused(tmp_path):
     runner, _ = check(tmp_path)
+    specs = [replace(spec, action=SPEC["ddp"].action) if spec.background else spec for spec in STEPS]
     with pytest.raises(ValueError, match="horovod_build: no background step"):
-        Runner(STEPS, {**ACTIONS, "horovod_build": ACTIONS["ddp"]}, runner.ctx, runner.clock)
+        Runner(specs, runner.ctx, runner.clock)
 
 
 class StartedBuild(FakeBuild):
@@ -163,18 +165,16 @@ class StartedBuild(FakeBuild):
 
 
 def test_the_builds_box_is_rounded_and_a_build_without_time_fails_with_its_line(tmp_path, capsys):
-    runner, done = check(tmp_path, only=("ddp", "horovod_build"))
-    runner.actions = {**runner.actions, "horovod_build": StartedBuild(done)}
-    runner.clock = Clock.started(100.0 / 3)  # a budget whose seconds left are not round
+    # a budget whose seconds left are not round
+    runner, done = check(tmp_path, only=("ddp", "horovod_build"), build=StartedBuild, budget=100.0 / 3)
     runner.run()
     build = runner.records["horovod_build"]
     assert build.outcome == "ok" and build.limit_s == round(build.limit_s, 1) and 0 < build.limit_s <= 100 / 3
     assert ("finished", "horovod_build", build.limit_s) in done
     capsys.readouterr()
 
-    runner, done = check(tmp_path, only=("ddp", "horovod_build"))
-    runner.actions = {**runner.actions, "horovod_build": StartedBuild(done)}
-    runner.clock = Clock.started(0.0)  # nothing left once ddp has run
+    # nothing left once ddp has run
+    runner, done = check(tmp_path, only=("ddp", "horovod_build"), build=StartedBuild, budget=0.0)
     runner.run()
     build = runner.records["horovod_build"]
     assert build.outcome == "failed" and build.error == "no time left in the budget of 300 s", build
