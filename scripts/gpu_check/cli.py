@@ -1,6 +1,5 @@
-"""`bash scripts/gpu_check.sh [--prepare]`: the settings, the run, gpu_check.json with the logs' archive beside it
-(docs/gpu-check.md#the-json), and the exit code (0 when every step that should work did, 1 otherwise, 2 on a bad
-setting)."""
+"""`bash scripts/gpu_check.sh [--prepare]`: the settings, the run, gpu_check.json and the logs' archive
+(docs/gpu-check.md#the-json), the exit code (0 when every step that should work did, 1 otherwise, 2: a bad setting)."""
 
 from __future__ import annotations
 
@@ -12,49 +11,40 @@ import signal
 import subprocess
 import sys
 import tarfile
-from collections.abc import Sequence
+import time
 from dataclasses import fields
 from pathlib import Path
-from types import FrameType
 
-from .context import Context, StepRecord
+from .context import PROG, Context, Settings, carry_folder, refuse
 from .horovod import HOROVOD_VERSION
-from .runner import Runner, print_line
-from .settings import PROG, Clock, Settings, carry_folder, refuse
-from .spec import STEPS, names
+from .runner import STEPS, Runner, names, print_line
 
 
-def main(argv: list[str] | None = None) -> int:
+def main() -> int:
     """The check, or with --prepare what its Horovod build needs offline; the exit code."""
-    args = sys.argv[1:] if argv is None else argv
+    args = sys.argv[1:]
     if args == ["--prepare"]:
         return prepare(carry_folder(os.environ))
     if args:
         refuse(f"unknown arguments {' '.join(args)}; the check takes none but --prepare (its settings are "
                "GPU_CHECK_* variables: docs/gpu-check.md)")
-    settings = Settings.from_environ(os.environ, sys.executable, names(STEPS))
-    clock = Clock.started(settings.budget)
-    ctx = Context.create(settings)
-    signal.signal(signal.SIGTERM, _interrupt)
+    settings = Settings.from_environ(os.environ, sys.executable, names())
+    # SIGTERM as SIGINT: the runner stops every command and the record is still written
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     shutil.rmtree(settings.work, ignore_errors=True)
     settings.work.mkdir(parents=True)
     settings.out.mkdir(parents=True, exist_ok=True)
     print_line(f"{settings.device}: steps {','.join(settings.only)}; budget {settings.budget:.0f} s; "
                f"work in {settings.work}")
-    runner = Runner(STEPS, ctx, clock)
-    interrupted = runner.run()
-    return write(ctx, list(runner.records.values()), interrupted, clock)
+    runner = Runner(STEPS, Context(settings), settings.budget)
+    return write(runner, runner.run())
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM as SIGINT: the runner stops every command and the record is still written
-
-
-def write(ctx: Context, records: Sequence[StepRecord], interrupted: str | None, clock: Clock) -> int:
-    """gpu_check.json and gpu_check_logs.tar.gz in the out folder, and the verdict's line: the exit code, 0 when
-    every required step ran well and nothing interrupted the check, else 1."""
-    settings, failed = ctx.settings, [record.name for record in records if record.spec.required and record.failed]
-    ok, wall_s = not failed and interrupted is None, round(clock.since_start(), 2)
+def write(runner: Runner, interrupted: str | None) -> int:
+    """gpu_check.json and gpu_check_logs.tar.gz in the out folder, and the verdict's line; the exit code."""
+    ctx, settings, records = runner.ctx, runner.ctx.settings, runner.records.values()
+    failed = [record.name for record in records if record.spec.required and record.failed]
+    ok, wall_s = not failed and interrupted is None, round(time.monotonic() - runner.start, 2)
     steps = [{"name": r.name, "issue_step": r.spec.issue_step, "required": r.spec.required,
               **{f.name: getattr(r, f.name) for f in fields(r)[1:] if f.name != "reason" or r.reason},
               "seconds": round(r.seconds, 2)} for r in records]  # the record's fields in order, its reason if any
@@ -73,8 +63,8 @@ def write(ctx: Context, records: Sequence[StepRecord], interrupted: str | None, 
 
 
 def prepare(carry: Path) -> int:
-    """On a machine with PyPI: Horovod's source, and cffi with pycparser for the GPU machine's Python
-    (build_horovod.sh installs cffi), downloaded into `carry` (runs/gpu-carry); the exit code."""
+    """Where PyPI answers: Horovod's source, and cffi and pycparser for the GPU machine's Python (build_horovod.sh
+    installs cffi), downloaded into `carry`; the exit code."""
     carry.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip", "download", "--no-deps"]
     for cmd in ([*pip, "--no-binary", ":all:", f"horovod=={HOROVOD_VERSION}", "-d", str(carry)],

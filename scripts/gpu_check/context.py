@@ -1,5 +1,5 @@
-"""What the steps share: their records, how a step says it failed, ran out of time or does not apply, their commands
-(each in a process group of its own, its output appended to the step's log), and what the install step found."""
+"""What the steps share: the settings (GPU_CHECK_*, docs/gpu-check.md#settings), the records, how a step fails, runs
+out of time or does not apply, and its commands (each in a session of its own, its output in the step's log)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,21 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from .settings import ROOT, Settings
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from .spec import StepSpec
+    from .runner import StepSpec
 
-#: an error line: Python's exceptions, `error:` of pip, CMake and compilers; and the lines that only say that
-#: another line said why
+ROOT = Path(__file__).resolve().parents[2]
+PROG = "gpu_check"
+BUDGET = {"cuda": 480, "cpu": 300}  # the whole check, seconds (GPU_CHECK_BUDGET)
+FORCED_FAILURE = "--gpu-check-forced-failure"  # what GPU_CHECK_FAIL adds to a command: an option no program takes
+#: an error line: Python's exceptions, `error:` of pip, CMake and compilers; and lines that only say another says why
 ERROR_LINE = re.compile(r"(^|\s)([\w.]*(Error|Exception)|[Ee]rror|ERROR):\s")
 NOT_THE_REASON = ("subprocess-exited-with-error", "metadata-generation-failed", "ChildFailedError",
                   "See above for", "note: This error originates")
@@ -36,25 +39,79 @@ class Skipped(Exception):
     """A step that does not apply here: the reason."""
 
 
+def refuse(message: str) -> NoReturn:
+    """A setting the check cannot run with: one line, exit code 2."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def require(ok: object, error: str) -> None:
     """Raise StepFailed with `error` unless `ok`."""
     if not ok:
         raise StepFailed(error)
 
 
-def one_line(text: str, limit: int = 400) -> str:
-    """`text` on one line, its white space collapsed, cut at `limit` characters."""
+def one_line(text: str) -> str:
+    """`text` on one line, its white space collapsed, cut at 400 characters."""
     line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[:limit - 1] + "…"
+    return line if len(line) <= 400 else line[:399] + "…"
 
 
-def error_line(output: str) -> str | None:
+def error_line(output: str) -> str:
     """Why a command failed: the last `PROG: error:` line, else the last other error line, else the last line."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     ours = [line for line in lines if ": error: " in line]
     errors = [line for line in lines if ERROR_LINE.search(line) and not any(s in line for s in NOT_THE_REASON)]
     last = (ours or errors or lines)[-1:]
-    return one_line(last[0]) if last else None
+    return one_line(last[0]) if last else "no output"
+
+
+def carry_folder(environ: Mapping[str, str]) -> Path:
+    """The folder with what the offline Horovod build needs (GPU_CHECK_CARRY, default runs/gpu-carry)."""
+    return Path(environ.get("GPU_CHECK_CARRY") or ROOT / "runs" / "gpu-carry").resolve()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the check was asked to do."""
+
+    device: str                 # cuda, or cpu for the rehearsal
+    python: str                 # the interpreter that runs everything
+    work: Path                  # run directories and logs
+    out: Path                   # gpu_check.json and the logs' archive
+    carry: Path
+    budget: float               # seconds for the whole check
+    only: tuple[str, ...]       # the steps to run (GPU_CHECK_STEPS)
+    force_fail: tuple[str, ...]
+    build_wanted: str           # GPU_CHECK_HOROVOD_BUILD: auto, 1, 0
+    nproc_wanted: str | None    # GPU_CHECK_NPROC
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str], python: str, steps: Sequence[str]) -> Settings:
+        """The settings in `environ`, for `python` and the check's `steps`; refused (exit 2) where one is wrong."""
+        device = environ.get("GPU_CHECK_DEVICE", "cuda")
+        if device not in ("cuda", "cpu"):
+            refuse(f"GPU_CHECK_DEVICE={device}: choose cuda or cpu")
+        work = Path(environ.get("GPU_CHECK_WORK") or ROOT / "runs" / "gpu-check" / device).resolve()
+        default_out = ROOT / "benchmarks" / "results" / "gpu" if device == "cuda" else work
+        try:
+            budget = float(environ.get("GPU_CHECK_BUDGET") or BUDGET[device])
+        except ValueError:
+            refuse(f"GPU_CHECK_BUDGET={environ['GPU_CHECK_BUDGET']}: give seconds")
+        only, force_fail = (tuple(s for s in environ.get(key, "").split(",") if s)
+                            for key in ("GPU_CHECK_STEPS", "GPU_CHECK_FAIL"))
+        for name in [*only, *force_fail]:
+            if name not in steps:
+                refuse(f"unknown step {name!r} in GPU_CHECK_STEPS/GPU_CHECK_FAIL; the steps: {','.join(steps)}")
+        return cls(device=device, python=python, work=work,
+                   out=Path(environ.get("GPU_CHECK_OUT") or default_out).resolve(), carry=carry_folder(environ),
+                   budget=budget, only=only or tuple(steps), force_fail=force_fail,
+                   build_wanted=environ.get("GPU_CHECK_HOROVOD_BUILD", "auto"),
+                   nproc_wanted=environ.get("GPU_CHECK_NPROC"))
+
+    def forced(self, name: str) -> list[str]:
+        """What step `name`'s command gets so that it fails (GPU_CHECK_FAIL)."""
+        return [FORCED_FAILURE] if name in self.force_fail else []
 
 
 @dataclass
@@ -105,24 +162,20 @@ class Started:
 
 @dataclass
 class Context:
-    """One check's shared state: the settings, the commands' environment (the install step may put the project on
-    PYTHONPATH) and those running, and what the install step found for the others and the record."""
+    """One check's state: its settings, its commands' environment (the install step may add PYTHONPATH) and those
+    running, and what the install step found."""
 
     settings: Settings
-    env: dict[str, str]
+    env: dict[str, str] = field(default_factory=lambda: {"PYTHONUNBUFFERED": "1", **os.environ})
     running: list[subprocess.Popen[bytes]] = field(default_factory=list)
     versions: dict[str, Any] = field(default_factory=dict)  # the probe's, as the JSON has them
     compat: dict[str, Any] = field(default_factory=dict)
     install_method: str | None = None
     nproc: int = 1  # processes per run: the world size
 
-    @classmethod
-    def create(cls, settings: Settings) -> Context:
-        """The context of a check with `settings`, its commands' environment this process's."""
-        env = {"PYTHONUNBUFFERED": "1", **os.environ}
-        if settings.device == "cuda":
-            env["NCCL_DEBUG"] = "VERSION"  # NCCL says its version when a communicator starts: proof it ran
-        return cls(settings, env)
+    def __post_init__(self) -> None:
+        if self.settings.device == "cuda":
+            self.env["NCCL_DEBUG"] = "VERSION"  # NCCL says its version when a communicator starts: proof it ran
 
     def run(self, record: StepRecord, cmd: list[str], until: float, shown: str | None = None) -> str:
         """Run `cmd` to its end or `until` (monotonic seconds): its output, as finish() gives it."""
@@ -155,10 +208,9 @@ class Context:
         with open(started.log, "rb") as f:
             f.seek(started.offset)
             output = f.read().decode(errors="replace")
-        why = error_line(output) or "no output"
         if code is None:
-            raise TimedOut(f"stopped after its time box ({record.limit_s:.0f} s): {why}")
-        require(code == 0, f"exit code {code}: {why}")
+            raise TimedOut(f"stopped after its time box ({record.limit_s:.0f} s): {error_line(output)}")
+        require(code == 0, f"exit code {code}: {error_line(output)}")
         return output
 
     @staticmethod

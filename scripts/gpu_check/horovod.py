@@ -11,8 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from .context import Context, Launch, Skipped, StepFailed, StepRecord, one_line, require
-from .settings import ROOT
+from .context import ROOT, Context, Launch, Skipped, StepFailed, StepRecord, one_line, require
 from .training import NCCL_VERSION, options, torchrun
 
 HOROVOD_VERSION = "0.28.1"
@@ -21,8 +20,7 @@ HVD_SCRIPT = "examples/gpu/train_horovod.py"
 HVD_ARGS = {"cuda": ["--model", "resnet18", "--batch-size", "64", "--num-iters", "5"],
             "cpu": ["--model", "resnet18", "--batch-size", "2", "--image-size", "32", "--num-warmup-batches", "1",
                     "--num-batches-per-iter", "1", "--num-iters", "2", "--no-cuda"]}
-#: where a CUDA toolkit may be, after $CUDA_HOME and before the folder above the nvcc on PATH (which may be a
-#: wrapper script outside the toolkit)
+#: CUDA toolkits, after $CUDA_HOME, before the folder above PATH's nvcc (which may be a wrapper outside a toolkit)
 CUDA_ROOTS = [Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
 
 
@@ -33,21 +31,18 @@ def installed(ctx: Context) -> dict[str, Any] | None:
             "'mpi_built': bool(hvd.mpi_built())}))")
     found = subprocess.run([ctx.settings.python, "-c", code], capture_output=True, text=True, env=ctx.env, cwd=ROOT,
                            timeout=120)
-    if found.returncode != 0:
-        return None
-    return dict(json.loads(found.stdout.strip().splitlines()[-1]))
+    return dict(json.loads(found.stdout.strip().splitlines()[-1])) if found.returncode == 0 else None
 
 
 def horovod_api(ctx: Context, record: StepRecord, until: float) -> None:
     """Step 4: HVD_SCRIPT under torchrun -m ddp_train.horovod_api; what it wrote (--result) recorded and checked:
     every worker on its own device, hvd.allreduce sums, rank 0's weights everywhere, on NCCL on a GPU."""
-    cuda, nproc = ctx.settings.device == "cuda", ctx.nproc
-    out = ctx.settings.work / "horovod_api"
+    cuda, nproc, out = ctx.settings.device == "cuda", ctx.nproc, ctx.settings.work / "horovod_api"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    cmd = torchrun(ctx, nproc, ["-m", "ddp_train.horovod_api", HVD_SCRIPT, *HVD_ARGS[ctx.settings.device],
-                                "--result", str(out / "result.json"), *ctx.settings.forced(record.name)])
-    output = ctx.run(record, cmd, until)
+    output = ctx.run(record, torchrun(ctx, nproc, ["-m", "ddp_train.horovod_api", HVD_SCRIPT,
+                                                   *HVD_ARGS[ctx.settings.device], "--result", str(out / "result.json"),
+                                                   *ctx.settings.forced(record.name)]), until)
     try:
         result = json.loads((out / "result.json").read_text())
     except (OSError, ValueError) as exc:
@@ -69,16 +64,14 @@ def horovod_api(ctx: Context, record: StepRecord, until: float) -> None:
 def compare(ctx: Context, record: StepRecord, until: float) -> None:
     """Step 6: python -m common.compare at the GPU count with the training of every run, with Horovod where one is
     installed; its runs, verdicts and speed; fails where one of its runs failed."""
-    horovod = installed(ctx)
+    horovod, out = installed(ctx), ctx.settings.work / "compare"
     backends = "ddp,horovod" if horovod else "ddp"
     record.result.update(backends=backends, horovod=horovod)
-    out = ctx.settings.work / "compare"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [ctx.settings.python, "-m", "common.compare", "--np", str(ctx.nproc), "--backends", backends,
-           *(["--hvd-controllers", "gloo"] if horovod else []), "--repeats", "1", "--noise-floor", "off",
-           "--explain", "none", "--out", str(out), "--device", ctx.settings.device, *options(ctx),
-           *ctx.settings.forced(record.name)]
-    ctx.run(record, cmd, until)
+    ctx.run(record, [ctx.settings.python, "-m", "common.compare", "--np", str(ctx.nproc), "--backends", backends,
+                     *(["--hvd-controllers", "gloo"] if horovod else []), "--repeats", "1", "--noise-floor", "off",
+                     "--explain", "none", "--out", str(out), "--device", ctx.settings.device, *options(ctx),
+                     *ctx.settings.forced(record.name)], until)
     summary = json.loads((out / "summary.json").read_text())
     record.result["runs"] = [{"name": r["name"], "backend": r["backend"], "world_size": r["world_size"],
                               "samples_per_s": (r.get("summary") or {}).get("samples_per_s"),
@@ -94,8 +87,7 @@ def compare(ctx: Context, record: StepRecord, until: float) -> None:
 def prepare_build(ctx: Context, record: StepRecord) -> Launch:
     """Step 5's command: Horovod built (scripts/build_horovod.sh: NCCL on a GPU, the Gloo controller) from the
     carried source, offline, installed into the check's python, then horovodrun --check-build."""
-    settings, cuda = ctx.settings, ctx.settings.device == "cuda"
-    found = installed(ctx)
+    settings, cuda, found = ctx.settings, ctx.settings.device == "cuda", installed(ctx)
     wanted = settings.build_wanted if settings.build_wanted != "auto" else "1" if cuda else "0"
     if found and (not cuda or found["nccl_built"]) and wanted != "1":
         record.result["installed"] = found
@@ -146,10 +138,15 @@ def build_finished(ctx: Context, record: StepRecord, output: str) -> None:
 
 def build_needs(ctx: Context) -> dict[str, Any]:
     """What building Horovod here needs, found or not (`missing`): its source, compilers and MPI; on a GPU the CUDA
-    toolkit and NCCL's header folder and library (those of the nvidia-nccl wheel torch uses, else the system's)."""
-    sdist = ctx.settings.carry / f"horovod-{HOROVOD_VERSION}.tar.gz"
+    toolkit (the first with bin/nvcc and cuda_runtime.h of $CUDA_HOME, CUDA_ROOTS and the one above the nvcc on
+    PATH), NCCL's header folder and library (those of the nvidia-nccl wheel torch uses, else the system's)."""
+    nvcc, sdist = shutil.which("nvcc"), ctx.settings.carry / f"horovod-{HOROVOD_VERSION}.tar.gz"
+    roots = ([Path(os.environ["CUDA_HOME"])] if os.environ.get("CUDA_HOME") else []) + CUDA_ROOTS + (
+        [Path(nvcc).resolve().parents[1]] if nvcc else [])
+    cuda_home = next((str(root) for root in roots if (root / "bin" / "nvcc").exists() and any(
+        (root / sub / "cuda_runtime.h").exists() for sub in ("include", "targets/x86_64-linux/include"))), None)
     found = {"sdist": str(sdist) if sdist.exists() else None, "cmake": shutil.which("cmake"),
-             "cxx": shutil.which("c++") or shutil.which("g++"), "cuda_home": cuda_home(), "mpi": shutil.which("mpicc")}
+             "cxx": shutil.which("c++") or shutil.which("g++"), "cuda_home": cuda_home, "mpi": shutil.which("mpicc")}
     needed = ["sdist", "cmake", "cxx"]
     if ctx.settings.device == "cuda":
         code = "import nvidia.nccl as n, json; print(json.dumps(list(n.__path__)[0]))"
@@ -164,13 +161,3 @@ def build_needs(ctx: Context) -> dict[str, Any]:
                 found["nccl_lib"] = found["nccl_lib"] or min(libs, default=None)
         needed += ["cuda_home", "nccl_include", "nccl_lib"]
     return {**found, "missing": [what for what in needed if not found[what]]}
-
-
-def cuda_home() -> str | None:
-    """The CUDA toolkit to build with: the first folder with bin/nvcc and cuda_runtime.h of $CUDA_HOME, CUDA_ROOTS
-    and the one above the nvcc on PATH."""
-    nvcc = shutil.which("nvcc")
-    candidates = ([Path(os.environ["CUDA_HOME"])] if os.environ.get("CUDA_HOME") else []) + CUDA_ROOTS + (
-        [Path(nvcc).resolve().parents[1]] if nvcc else [])
-    return next((str(root) for root in candidates if (root / "bin" / "nvcc").exists() and any(
-        (root / sub / "cuda_runtime.h").exists() for sub in ("include", "targets/x86_64-linux/include"))), None)

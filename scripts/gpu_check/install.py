@@ -9,8 +9,7 @@ import shutil
 import tomllib
 from pathlib import Path
 
-from .context import Context, StepFailed, StepRecord, TimedOut, require
-from .settings import ROOT
+from .context import ROOT, Context, StepFailed, StepRecord, TimedOut, require
 
 PIP = "pip install --no-deps --no-build-isolation -e ."
 FALLBACK = "PYTHONPATH (pip could not install: see pip_error)"

@@ -1,5 +1,5 @@
-"""The runner: the steps of the table (spec.STEPS) in their order and time boxes, the background step beside the
-others; what became of each recorded, and printed in a line as it ends."""
+"""The steps as one table (STEPS), a row each: its time box, reserve and what it runs; and the runner, which derives
+from it their order, time boxes and the background step, records each step and prints a line as it ends."""
 
 from __future__ import annotations
 
@@ -8,12 +8,103 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .context import Context, Skipped, Started, StepFailed, StepRecord, TimedOut, one_line
-from .settings import PROG, Clock
-from .spec import Background, StepSpec, check_specs
+from .context import PROG, Context, Launch, Skipped, Started, StepFailed, StepRecord, TimedOut, one_line
+from .horovod import build_finished, compare, horovod_api, prepare_build
+from .install import install, probe
+from .training import Training, exact
 
-INTERRUPTED = "interrupted (SIGINT or SIGTERM)"
+#: a step run in its turn, until the end of its time box (monotonic seconds): it fills its record's result, and
+#: raises StepFailed, TimedOut (from Context.run), or Skipped where it does not apply
+Action = Callable[[Context, StepRecord, float], None]
 NOT_SELECTED = "not in GPU_CHECK_STEPS"
+
+
+@dataclass(frozen=True)
+class PerDevice:
+    """A number of seconds on a GPU machine (`cuda`) and in the CPU rehearsal (`cpu`)."""
+
+    cuda: int
+    cpu: int
+
+    def on(self, device: str) -> int:
+        """The number for `device`."""
+        return self.cuda if device == "cuda" else self.cpu
+
+
+@dataclass(frozen=True)
+class Background:
+    """A step whose command runs beside the steps after it: `prepare` gives the command (raising Skipped where there
+    is none to run here); `finished` records what a command that ended well did, from its whole log."""
+
+    prepare: Callable[[Context, StepRecord], Launch]
+    finished: Callable[[Context, StepRecord, str], None]
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One step. The table's order is the record's (gpu_check.json, docs/gpu-check.md) and the foreground steps'; a
+    background step starts after `starts_after` and is waited for before `joined_before` (or at the end)."""
+
+    name: str
+    issue_step: int  # the issue's numbering of the steps (docs/gpu-check.md)
+    box_s: PerDevice  # seconds it may take at most
+    reserve_s: PerDevice  # seconds kept back for it while the steps before it run
+    action: Action | Background
+    required: bool = True  # a failure or timeout fails the check
+    #: a prerequisite's: what it finds when GPU_CHECK_STEPS leaves it out (the others need it, skipped if it fails)
+    left_out: Action | None = None
+    starts_after: str | None = None
+    joined_before: str | None = None
+
+    @property
+    def background(self) -> bool:
+        """Whether its command runs beside the steps after `starts_after`."""
+        return isinstance(self.action, Background)
+
+
+STEPS: tuple[StepSpec, ...] = (
+    StepSpec("install", 0, PerDevice(90, 120), PerDevice(20, 10), install, left_out=probe),
+    # NCCL, a rank per GPU, a finite loss; samples/s with the GPU to itself
+    StepSpec("ddp", 1, PerDevice(90, 120), PerDevice(25, 15), Training()),
+    StepSpec("amp_fp16", 2, PerDevice(60, 90), PerDevice(20, 0), Training(
+        {"amp": "fp16"}, lambda run: bool((run["precision"] or {}).get("grad_scaler")),
+        "--amp fp16 ran without a GradScaler",
+        cuda_only="float16 autocast with a GradScaler runs on CUDA only (refused on CPU: tests/test_knobs.py)")),
+    StepSpec("amp_bf16", 2, PerDevice(60, 90), PerDevice(20, 15), Training(
+        {"amp": "bf16"}, lambda run: (run["precision"] or {}).get("amp") == "bf16",
+        "--amp bf16 recorded precision {run[precision]}")),
+    StepSpec("channels_last", 2, PerDevice(60, 90), PerDevice(20, 15), Training(
+        {"channels_last": ""}, lambda run: run["channels_last"] is True,
+        "--channels-last is not recorded in config.json")),
+    StepSpec("exact", 3, PerDevice(150, 240), PerDevice(45, 40), exact),
+    StepSpec("horovod_api", 4, PerDevice(75, 120), PerDevice(25, 15), horovod_api),
+    # after ddp, so that ddp's speed is the GPU's alone; before compare, which uses the Horovod it built
+    StepSpec("horovod_build", 5, PerDevice(240, 900), PerDevice(0, 0), Background(prepare_build, build_finished),
+             required=False, starts_after="ddp", joined_before="compare"),
+    StepSpec("compare", 6, PerDevice(150, 300), PerDevice(45, 30), compare),
+)
+
+
+def names(steps: Sequence[StepSpec] = STEPS) -> list[str]:
+    """The steps' names in the table's order."""
+    return [step.name for step in steps]
+
+
+def check_specs(steps: Sequence[StepSpec]) -> None:
+    """Raise ValueError where a table cannot be run: a name twice, or a background step that is a prerequisite or
+    does not start after a foreground step and end before a later one (or at the end)."""
+    if len(set(names(steps))) != len(steps):
+        raise ValueError(f"a step named twice: {names(steps)}")
+    ends = [step.name for step in steps if not step.background] + [None]  # None: the end of the check
+    for step in steps:
+        if not step.background and (step.starts_after or step.joined_before):
+            raise ValueError(f"{step.name}: no background step to run (only a background step starts after or ends "
+                             "before another)")
+        if step.background and (step.left_out or step.starts_after not in ends[:-1] or step.joined_before
+                                not in ends or ends.index(step.joined_before) <= ends.index(step.starts_after)):
+            raise ValueError(f"{step.name}: starts after {step.starts_after!r} and ends before "
+                             f"{step.joined_before!r}: a background step, not a prerequisite, starts after a "
+                             "foreground step and ends before a later one")
 
 
 def print_line(text: str) -> None:
@@ -46,8 +137,7 @@ class Move:
 
 
 def plan(specs: Sequence[StepSpec]) -> list[Move]:
-    """What the runner does: the foreground steps in order, each background step started and waited for in its place
-    (at the end where it names no step to end before)."""
+    """The foreground steps in order, each background step started and waited for in its place (or at the end)."""
     background = [spec for spec in specs if spec.background]
     moves: list[Move] = []
     for spec in (spec for spec in specs if not spec.background):
@@ -58,17 +148,11 @@ def plan(specs: Sequence[StepSpec]) -> list[Move]:
 
 def time_box(spec: StepSpec, specs: Sequence[StepSpec], selected: Collection[str], device: str,
              seconds_left: float) -> float:
-    """A foreground step's seconds: its box, less what the selected steps after it keep back, within `seconds_left`."""
-    later = specs[[s.name for s in specs].index(spec.name) + 1:]
+    """A step's seconds: its box, less what the selected steps after it keep back (a background step: the one that
+    waits for it), within `seconds_left`."""
+    later = ([s for s in specs if s.name == spec.joined_before] if spec.background
+             else specs[names(specs).index(spec.name) + 1:])
     return min(spec.box_s.on(device), seconds_left - sum(s.reserve_s.on(device) for s in later if s.name in selected))
-
-
-def background_box(spec: StepSpec, specs: Sequence[StepSpec], selected: Collection[str], device: str,
-                   seconds_left: float) -> float:
-    """A background step's seconds: its box, less what the step that waits for it keeps back where that one was
-    selected, within `seconds_left`."""
-    joiner = next((s for s in specs if s.name == spec.joined_before and s.name in selected), None)
-    return min(spec.box_s.on(device), seconds_left - (joiner.reserve_s.on(device) if joiner else 0))
 
 
 def attempt(record: StepRecord, work: Callable[[], None]) -> None:
@@ -87,11 +171,12 @@ def attempt(record: StepRecord, work: Callable[[], None]) -> None:
 
 
 class Runner:
-    """Runs the steps of `specs` and records what became of each."""
+    """Runs the steps of `specs` in `budget` seconds from now, and records what became of each."""
 
-    def __init__(self, specs: Sequence[StepSpec], ctx: Context, clock: Clock) -> None:
+    def __init__(self, specs: Sequence[StepSpec], ctx: Context, budget: float) -> None:
         check_specs(specs)
-        self.specs, self.ctx, self.clock = list(specs), ctx, clock
+        self.specs, self.ctx, self.start = list(specs), ctx, time.monotonic()  # monotonic, as every time box
+        self.deadline = self.start + budget
         self.records = {spec.name: StepRecord(spec) for spec in specs}
         self._running: dict[str, Started] = {}
 
@@ -103,7 +188,7 @@ class Runner:
             for move in plan(self.specs):
                 doing[move.kind](by_name[move.name])
         except KeyboardInterrupt:
-            return INTERRUPTED
+            return "interrupted (SIGINT or SIGTERM)"
         finally:
             self.ctx.stop_all()
         return None
@@ -111,62 +196,63 @@ class Runner:
     def _skip_reason(self, spec: StepSpec) -> str | None:
         if spec.name not in self.ctx.settings.only:
             return NOT_SELECTED
-        failed = [s.name for s in self.specs if s.prerequisite and s is not spec and self.records[s.name].failed]
+        failed = [s.name for s in self.specs if s.left_out and s is not spec and self.records[s.name].failed]
         return f"step {failed[0]} failed" if failed else None
 
-    def _time_left(self, spec: StepSpec, record: StepRecord, box: float) -> bool:
-        """Whether the step's `box` (rounded into its record) is long enough to start in; if not, it failed."""
-        settings, record.limit_s = self.ctx.settings, round(box, 1)
-        if record.limit_s < spec.reserve_s.on(settings.device) or record.limit_s <= 0:
-            record.outcome, record.error = "failed", f"no time left in the budget of {settings.budget:.0f} s"
-        return not record.failed
+    def _box(self, spec: StepSpec, record: StepRecord) -> float:
+        settings = self.ctx.settings
+        record.limit_s = round(time_box(spec, self.specs, settings.only, settings.device,
+                                        self.deadline - time.monotonic()), 1)
+        return record.limit_s
+
+    def _time_left(self, spec: StepSpec, record: StepRecord) -> float | None:
+        """The step's box, rounded into its record; None where it is too short to start in (then the step failed)."""
+        if (box := self._box(spec, record)) >= spec.reserve_s.on(self.ctx.settings.device) and box > 0:
+            return box
+        record.outcome, record.error = "failed", f"no time left in the budget of {self.ctx.settings.budget:.0f} s"
+        return None
 
     def _run(self, spec: StepSpec) -> None:
         """A foreground step within its box; its line printed where it was selected and could run."""
-        record, settings, action = self.records[spec.name], self.ctx.settings, spec.action
+        record, action = self.records[spec.name], spec.action
         assert not isinstance(action, Background)
-        box = time_box(spec, self.specs, settings.only, settings.device, self.clock.left())
         record.reason = self._skip_reason(spec)
         if record.reason == NOT_SELECTED and spec.left_out:  # the others still need what it finds
-            record.limit_s = round(box, 1)
             try:
-                spec.left_out(self.ctx, record, time.monotonic() + record.limit_s)
+                spec.left_out(self.ctx, record, time.monotonic() + self._box(spec, record))
             except (StepFailed, TimedOut) as exc:
                 record.outcome, record.error = "failed", str(exc)
         if record.reason:
             return
-        record.started_s = round(self.clock.since_start(), 2)
-        began = time.monotonic()
-        if self._time_left(spec, record, box):
-            attempt(record, lambda: action(self.ctx, record, began + round(box, 1)))
+        record.started_s, began = round(time.monotonic() - self.start, 2), time.monotonic()
+        if (box := self._time_left(spec, record)) is not None:
+            attempt(record, lambda: action(self.ctx, record, began + box))
             record.seconds = time.monotonic() - began
             if record.outcome == "failed" and record.log:
-                log = settings.work / record.log
+                log = self.ctx.settings.work / record.log
                 record.result["log_tail"] = log.read_text(errors="replace").splitlines()[-20:] if log.is_file() else []
         print_line(step_line(record))
 
     def _start(self, spec: StepSpec) -> None:
         """A background step's command started, its box counted from now; or the reason it does not run."""
-        record, settings, action = self.records[spec.name], self.ctx.settings, spec.action
+        record, action = self.records[spec.name], spec.action
         assert isinstance(action, Background)
         record.reason = self._skip_reason(spec)
         if record.reason:
             return
-        record.started_s = round(self.clock.since_start(), 2)  # its line is printed when it is waited for
+        record.started_s = round(time.monotonic() - self.start, 2)  # its line is printed when it is waited for
         try:
             launch = action.prepare(self.ctx, record)
         except Skipped as exc:
             record.reason = str(exc)
             return
-        box = background_box(spec, self.specs, settings.only, settings.device, self.clock.left())
-        if self._time_left(spec, record, box):  # else its command never starts, and the record lists none
-            self._running[spec.name] = self.ctx.start(record, launch, time.monotonic() + round(box, 1))
+        if (box := self._time_left(spec, record)) is not None:  # else its command never starts: no command listed
+            self._running[spec.name] = self.ctx.start(record, launch, time.monotonic() + box)
 
     def _join(self, spec: StepSpec) -> None:
         """Wait for a background step and record it; its line printed where it was selected and not blocked."""
-        record, action = self.records[spec.name], spec.action
+        record, action, started = self.records[spec.name], spec.action, self._running.pop(spec.name, None)
         assert isinstance(action, Background)
-        started = self._running.pop(spec.name, None)
         try:
             if started is not None:
                 attempt(record, lambda: action.finished(self.ctx, record, self._wait(record, started)))

@@ -12,10 +12,9 @@ from dataclasses import replace
 import pytest
 
 from scripts.gpu_check.cli import write
-from scripts.gpu_check.context import Context, Launch, Skipped, StepFailed
-from scripts.gpu_check.runner import Move, Runner, background_box, plan, time_box
-from scripts.gpu_check.settings import Clock, Settings
-from scripts.gpu_check.spec import STEPS, Background, PerDevice, StepSpec, check_specs, names
+from scripts.gpu_check.context import Context, Launch, Settings, Skipped, StepFailed
+from scripts.gpu_check.runner import STEPS, Background, Move, PerDevice, Runner, StepSpec, check_specs, names, plan, \
+    time_box
 
 #: the record's order, as docs/gpu-check.md's table and tests/test_gpu_check.py have it
 ORDER = ["install", "ddp", "amp_fp16", "amp_bf16", "channels_last", "exact", "horovod_api", "horovod_build",
@@ -43,10 +42,10 @@ def test_time_boxes_keep_back_the_later_selected_steps():
     assert time_box(SPEC["compare"], STEPS, everything, "cpu", 40) == 40
     assert time_box(SPEC["exact"], STEPS, everything, "cuda", 100) == 100 - 25 - 45
     # The build keeps back compare's reserve where compare was selected.
-    assert background_box(SPEC["horovod_build"], STEPS, everything, "cuda", 480) == 240
-    assert background_box(SPEC["horovod_build"], STEPS, everything, "cuda", 200) == 155
-    assert background_box(SPEC["horovod_build"], STEPS, everything, "cpu", 200) == 170
-    assert background_box(SPEC["horovod_build"], STEPS, ["ddp", "horovod_build"], "cuda", 200) == 200
+    assert time_box(SPEC["horovod_build"], STEPS, everything, "cuda", 480) == 240
+    assert time_box(SPEC["horovod_build"], STEPS, everything, "cuda", 200) == 155
+    assert time_box(SPEC["horovod_build"], STEPS, everything, "cpu", 200) == 170
+    assert time_box(SPEC["horovod_build"], STEPS, ["ddp", "horovod_build"], "cuda", 200) == 200
 
 
 def test_lists_that_cannot_run_are_refused():
@@ -98,7 +97,7 @@ def check(tmp_path, only=tuple(ORDER), fail=(), skip=None, build=None, budget=No
     specs = [replace(spec, action=(build or FakeBuild)(done).background) if spec.background else
              replace(spec, action=fakes[spec.name].run, left_out=spec.left_out and fakes[spec.name].left_out)
              for spec in STEPS]
-    runner = Runner(specs, Context.create(settings), Clock.started(settings.budget if budget is None else budget))
+    runner = Runner(specs, Context(settings), settings.budget if budget is None else budget)
     return runner, done
 
 
@@ -130,7 +129,7 @@ def test_a_failed_install_skips_the_rest_and_fails_the_check(tmp_path, capsys):
     assert runner.records["horovod_build"].reason == "step install failed"
     settings = runner.ctx.settings
     settings.out.mkdir()
-    assert write(runner.ctx, list(runner.records.values()), None, runner.clock) == 1
+    assert write(runner, None) == 1
     record = json.loads((settings.out / "gpu_check.json").read_text())
     assert record["failed"] == ["install"] and [step["name"] for step in record["steps"]] == ORDER
     assert record["steps"][0]["issue_step"] == 0 and record["steps"][7]["required"] is False
@@ -150,7 +149,7 @@ def test_a_step_without_its_kind_of_action_is_refused(tmp_path):
     runner, _ = check(tmp_path)
     specs = [replace(spec, action=SPEC["ddp"].action) if spec.background else spec for spec in STEPS]
     with pytest.raises(ValueError, match="horovod_build: no background step"):
-        Runner(specs, runner.ctx, runner.clock)
+        Runner(specs, runner.ctx, runner.ctx.settings.budget)
 
 
 class StartedBuild(FakeBuild):
