@@ -1,7 +1,4 @@
-"""`bash scripts/gpu_check.sh [--prepare]`: the settings, the run, gpu_check.json and the logs' archive
-(docs/gpu-check.md#the-json), the exit code (0 when every step that should work did, 1 otherwise, 2: a bad setting)."""
-
-from __future__ import annotations
+"""`bash scripts/gpu_check.sh [--prepare]`: the settings, the run, gpu_check.json and the logs, the exit code."""
 
 import datetime
 import json
@@ -17,18 +14,18 @@ from pathlib import Path
 
 from .context import PROG, Context, Settings, carry_folder, refuse
 from .horovod import HOROVOD_VERSION
-from .runner import STEPS, Runner, names, print_line
+from .runner import NAMES, STEPS, Runner, print_line
 
 
 def main() -> int:
-    """The check, or with --prepare what its Horovod build needs offline; the exit code."""
+    """The check, or --prepare; the exit code: 0 when every step that should work did, 1 otherwise, 2 a bad setting."""
     args = sys.argv[1:]
     if args == ["--prepare"]:
         return prepare(carry_folder(os.environ))
     if args:
         refuse(f"unknown arguments {' '.join(args)}; the check takes none but --prepare (its settings are "
                "GPU_CHECK_* variables: docs/gpu-check.md)")
-    settings = Settings.from_environ(os.environ, sys.executable, names())
+    settings = Settings.from_environ(os.environ, sys.executable, NAMES)
     # SIGTERM as SIGINT: the runner stops every command and the record is still written
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     shutil.rmtree(settings.work, ignore_errors=True)
@@ -42,12 +39,12 @@ def main() -> int:
 
 def write(runner: Runner, interrupted: str | None) -> int:
     """gpu_check.json and gpu_check_logs.tar.gz in the out folder, and the verdict's line; the exit code."""
-    ctx, settings, records = runner.ctx, runner.ctx.settings, runner.records.values()
-    failed = [record.name for record in records if record.spec.required and record.failed]
+    ctx, settings, records = runner.ctx, runner.ctx.settings, [(s, runner.records[s.name]) for s in runner.specs]
+    failed = [spec.name for spec, record in records if spec.required and record.failed]
     ok, wall_s = not failed and interrupted is None, round(time.monotonic() - runner.start, 2)
-    steps = [{"name": r.name, "issue_step": r.spec.issue_step, "required": r.spec.required,
+    steps = [{"name": r.name, "issue_step": spec.issue_step, "required": spec.required,
               **{f.name: getattr(r, f.name) for f in fields(r)[1:] if f.name != "reason" or r.reason},
-              "seconds": round(r.seconds, 2)} for r in records]  # the record's fields in order, its reason if any
+              "seconds": round(r.seconds, 2)} for spec, r in records]  # the record's fields in order, its reason if any
     check = {"check": "scripts/gpu_check.sh", "device": settings.device, "rehearsal": settings.device == "cpu",
              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "ok": ok, "failed": failed, "interrupted": interrupted, "wall_s": wall_s, "budget_s": settings.budget,
@@ -63,8 +60,7 @@ def write(runner: Runner, interrupted: str | None) -> int:
 
 
 def prepare(carry: Path) -> int:
-    """Where PyPI answers: Horovod's source, and cffi and pycparser for the GPU machine's Python (build_horovod.sh
-    installs cffi), downloaded into `carry`; the exit code."""
+    """Horovod's source, and cffi and pycparser (build_horovod.sh installs cffi) downloaded into `carry`."""
     carry.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip", "download", "--no-deps"]
     for cmd in ([*pip, "--no-binary", ":all:", f"horovod=={HOROVOD_VERSION}", "-d", str(carry)],

@@ -1,8 +1,6 @@
-"""What the steps share: the settings (GPU_CHECK_*, docs/gpu-check.md#settings), the records, how a step fails, runs
-out of time or does not apply, and its commands (each in a session of its own, its output in the step's log)."""
+"""What the steps share: the settings (GPU_CHECK_*), the records, how a step ends, and its commands."""
 
-from __future__ import annotations
-
+import contextlib
 import os
 import re
 import signal
@@ -12,10 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
-
-if TYPE_CHECKING:
-    from .runner import StepSpec
+from typing import Any, NoReturn, Self
 
 ROOT = Path(__file__).resolve().parents[2]
 PROG = "gpu_check"
@@ -87,7 +82,7 @@ class Settings:
     nproc_wanted: str | None    # GPU_CHECK_NPROC
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str], python: str, steps: Sequence[str]) -> Settings:
+    def from_environ(cls, environ: Mapping[str, str], python: str, steps: Sequence[str]) -> Self:
         """The settings in `environ`, for `python` and the check's `steps`; refused (exit 2) where one is wrong."""
         device = environ.get("GPU_CHECK_DEVICE", "cuda")
         if device not in ("cuda", "cpu"):
@@ -118,7 +113,7 @@ class Settings:
 class StepRecord:
     """What became of one step (gpu_check.json's `steps`, in this order)."""
 
-    spec: StepSpec
+    name: str
     outcome: str = "skipped"             # ok, failed, timeout, skipped
     started_s: float | None = None       # from the start of the check
     seconds: float = 0.0
@@ -128,11 +123,6 @@ class StepRecord:
     result: dict[str, Any] = field(default_factory=dict)  # what it measured, as the JSON has it
     log: str | None = None               # relative to the work folder
     reason: str | None = None            # why it was skipped
-
-    @property
-    def name(self) -> str:
-        """The step's name."""
-        return self.spec.name
 
     @property
     def failed(self) -> bool:
@@ -162,8 +152,7 @@ class Started:
 
 @dataclass
 class Context:
-    """One check's state: its settings, its commands' environment (the install step may add PYTHONPATH) and those
-    running, and what the install step found."""
+    """One check's state: its settings, its commands' environment and those running, what the install step found."""
 
     settings: Settings
     env: dict[str, str] = field(default_factory=lambda: {"PYTHONUNBUFFERED": "1", **os.environ})
@@ -205,9 +194,7 @@ class Context:
             self.stop(started.process)
             code = None
         self.running.remove(started.process)  # not on an interrupt: stop_all() stops it then
-        with open(started.log, "rb") as f:
-            f.seek(started.offset)
-            output = f.read().decode(errors="replace")
+        output = started.log.read_bytes()[started.offset:].decode(errors="replace")
         if code is None:
             raise TimedOut(f"stopped after its time box ({record.limit_s:.0f} s): {error_line(output)}")
         require(code == 0, f"exit code {code}: {error_line(output)}")
@@ -216,15 +203,12 @@ class Context:
     @staticmethod
     def stop(process: subprocess.Popen[bytes]) -> None:
         """SIGTERM to the command's process group (torchrun passes it to its workers), SIGKILL 10 s later."""
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-            try:
+        with contextlib.suppress(ProcessLookupError):
+            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
                 os.killpg(process.pid, sig)
-                process.wait(wait)
-                return
-            except ProcessLookupError:
-                return
-            except subprocess.TimeoutExpired:
-                continue
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(wait)
+                    return
 
     def stop_all(self) -> None:
         """Stop every command still running."""

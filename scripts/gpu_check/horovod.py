@@ -1,7 +1,4 @@
-"""Steps 4 to 6: a script written for Horovod on the project's Horovod API; Horovod built from the carried source,
-offline, in the background; the comparison with DDP and, where there is one, Horovod."""
-
-from __future__ import annotations
+"""Steps 4 to 6: the Horovod API, Horovod built offline in the background, the comparison with DDP (and Horovod)."""
 
 import json
 import os
@@ -35,8 +32,7 @@ def installed(ctx: Context) -> dict[str, Any] | None:
 
 
 def horovod_api(ctx: Context, record: StepRecord, until: float) -> None:
-    """Step 4: HVD_SCRIPT under torchrun -m ddp_train.horovod_api; what it wrote (--result) recorded and checked:
-    every worker on its own device, hvd.allreduce sums, rank 0's weights everywhere, on NCCL on a GPU."""
+    """Step 4: HVD_SCRIPT under torchrun -m ddp_train.horovod_api; what it wrote (--result) recorded and checked."""
     cuda, nproc, out = ctx.settings.device == "cuda", ctx.nproc, ctx.settings.work / "horovod_api"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -62,8 +58,7 @@ def horovod_api(ctx: Context, record: StepRecord, until: float) -> None:
 
 
 def compare(ctx: Context, record: StepRecord, until: float) -> None:
-    """Step 6: python -m common.compare at the GPU count with the training of every run, with Horovod where one is
-    installed; its runs, verdicts and speed; fails where one of its runs failed."""
+    """Step 6: python -m common.compare at the GPU count, with Horovod where one is installed; its runs and verdicts."""
     horovod, out = installed(ctx), ctx.settings.work / "compare"
     backends = "ddp,horovod" if horovod else "ddp"
     record.result.update(backends=backends, horovod=horovod)
@@ -85,8 +80,7 @@ def compare(ctx: Context, record: StepRecord, until: float) -> None:
 
 
 def prepare_build(ctx: Context, record: StepRecord) -> Launch:
-    """Step 5's command: Horovod built (scripts/build_horovod.sh: NCCL on a GPU, the Gloo controller) from the
-    carried source, offline, installed into the check's python, then horovodrun --check-build."""
+    """Step 5's command: build_horovod.sh from the carried source, offline, then horovodrun --check-build."""
     settings, cuda, found = ctx.settings, ctx.settings.device == "cuda", installed(ctx)
     wanted = settings.build_wanted if settings.build_wanted != "auto" else "1" if cuda else "0"
     if found and (not cuda or found["nccl_built"]) and wanted != "1":
@@ -101,8 +95,7 @@ def prepare_build(ctx: Context, record: StepRecord) -> Launch:
                          if "sdist" in needs["missing"] else ""))
     wheels = settings.work / "horovod-wheel"
     shutil.rmtree(wheels, ignore_errors=True)
-    # Offline: build_horovod.sh's pip finds the source and cffi in the carried folder, and builds without an
-    # isolated environment (which pip would fill from an index).
+    # Offline: pip finds the source and cffi in the carried folder, and builds without an isolated environment
     env = {**ctx.env, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(settings.carry), "PIP_NO_BUILD_ISOLATION": "0",
            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     if not needs["mpi"]:
@@ -137,9 +130,7 @@ def build_finished(ctx: Context, record: StepRecord, output: str) -> None:
 
 
 def build_needs(ctx: Context) -> dict[str, Any]:
-    """What building Horovod here needs, found or not (`missing`): its source, compilers and MPI; on a GPU the CUDA
-    toolkit (the first with bin/nvcc and cuda_runtime.h of $CUDA_HOME, CUDA_ROOTS and the one above the nvcc on
-    PATH), NCCL's header folder and library (those of the nvidia-nccl wheel torch uses, else the system's)."""
+    """What building Horovod here needs, found or not (`missing`); NCCL the nvidia-nccl wheel's, else the system's."""
     nvcc, sdist = shutil.which("nvcc"), ctx.settings.carry / f"horovod-{HOROVOD_VERSION}.tar.gz"
     roots = ([Path(os.environ["CUDA_HOME"])] if os.environ.get("CUDA_HOME") else []) + CUDA_ROOTS + (
         [Path(nvcc).resolve().parents[1]] if nvcc else [])

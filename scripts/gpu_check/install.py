@@ -1,7 +1,4 @@
-"""Step 0: the project installed into the check's python (offline), else put on PYTHONPATH with its metadata; then
-the probe of what that python has, also when GPU_CHECK_STEPS leaves the step out."""
-
-from __future__ import annotations
+"""Step 0: the project installed offline (else on PYTHONPATH), then the probe of what the check's python has."""
 
 import json
 import os
@@ -62,8 +59,7 @@ print(json.dumps(found))
 
 
 def install(ctx: Context, record: StepRecord, until: float) -> None:
-    """pip install --no-deps --no-build-isolation -e . into the check's python (offline: --no-index); where pip
-    cannot, the tree on PYTHONPATH with the project's metadata (entry points) written beside it; then the probe."""
+    """pip install -e . offline into the check's python, else the tree on PYTHONPATH with its metadata; the probe."""
     cmd = [ctx.settings.python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
            "--disable-pip-version-check", "-e", str(ROOT), *ctx.settings.forced(record.name)]
     try:
@@ -82,8 +78,7 @@ def install(ctx: Context, record: StepRecord, until: float) -> None:
 
 
 def write_metadata(site: Path) -> None:
-    """The project's metadata (name, version, entry points) as a dist-info folder in `site`: on PYTHONPATH beside
-    the tree, importlib.metadata finds the launchers, torchrun's loopback rendezvous and the API's entry points."""
+    """The project's name, version and entry points (the launchers, loopback) as a dist-info folder in `site`."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     info = site / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
     shutil.rmtree(site, ignore_errors=True)

@@ -1,7 +1,4 @@
-"""Steps 1 to 3, ddp_train under torchrun: the training of every run, what a run's directory and output say and the
-checks every run passes; the steps that are one run each, and the exact runs."""
-
-from __future__ import annotations
+"""Steps 1 to 3, ddp_train under torchrun: the training of every run, its record and checks; the exact runs."""
 
 import json
 import math
@@ -29,8 +26,7 @@ NCCL_VERSION = re.compile(r"NCCL version (\S+)")
 
 
 def options(ctx: Context, **changes: str | None) -> list[str]:
-    """The training options of every run, with `changes` (option name without dashes, underscores for dashes;
-    None drops the option, "" gives it without a value)."""
+    """The training options of every run with `changes` (amp="fp16"; None drops an option, "" gives it bare)."""
     chosen: dict[str, str | None] = dict(TRAIN[ctx.settings.device])
     if ctx.settings.device == "cuda":
         chosen["--batch-size"] = str(max(1, min(GPU_BATCH, KEPT_TRAIN_SAMPLES // (2 * ctx.nproc))))
@@ -49,8 +45,7 @@ def torchrun(ctx: Context, nproc: int, program: list[str]) -> list[str]:
 
 def train(ctx: Context, record: StepRecord, until: float, train_options: list[str], run_dir: Path,
           nproc: int | None = None, key: str | None = None) -> dict[str, Any]:
-    """One run, read_run()'s record of it in the step's result (under runs/`key` with a key), then checked: NCCL
-    (Gloo in the rehearsal), every rank on the device of its local rank, a finite loss."""
+    """One run, recorded (under runs/`key` with a key) and checked: NCCL, a rank per device, a finite loss."""
     n, cuda, name = nproc or ctx.nproc, ctx.settings.device == "cuda", run_dir.name
     shutil.rmtree(run_dir, ignore_errors=True)
     output = ctx.run(record, torchrun(ctx, n, ["-m", "ddp_train", "--device", ctx.settings.device, *train_options,
@@ -74,8 +69,7 @@ def train(ctx: Context, record: StepRecord, until: float, train_options: list[st
 
 
 def read_run(ctx: Context, run_dir: Path, output: str) -> dict[str, Any]:
-    """What a run's directory and output say, as the JSON has it: its process group, NCCL's version line, each
-    rank's device, its precision and memory format, speed, loss and weights."""
+    """What a run's directory and output say, as the JSON has it."""
     try:
         config = json.loads((run_dir / "config.json").read_text())
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -96,8 +90,7 @@ def read_run(ctx: Context, run_dir: Path, output: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Training:
-    """A step that is one run (in work/STEP): the training of every run with `changes` (as options() takes them),
-    checked as every run is, then by `expect`, else failing with `error` (formatted with the run)."""
+    """A step that is one run (in work/STEP) with `changes`, checked by `expect`, else failing with `error`."""
 
     changes: Mapping[str, str] = field(default_factory=dict)
     expect: Callable[[dict[str, Any]], bool] | None = None
@@ -113,8 +106,7 @@ class Training:
 
 
 def exact(ctx: Context, record: StepRecord, until: float) -> None:
-    """Step 3: --reduction exact twice at the GPU count (the same bits), and at 1 where there are 2 or more. Where the
-    two differ, the same twice more with torch's deterministic algorithms, recorded under `deterministic`."""
+    """Step 3: the same bits twice at the GPU count and at 1; where two differ, whether --deterministic agrees."""
     nproc, device, folder = ctx.nproc, ctx.settings.device, ctx.settings.work / "exact"
     micro = EXACT[device]["micro_batch"]
     exact_options = options(ctx, reduction="exact", micro_batch=str(micro), global_batch=str(2 * micro * nproc),

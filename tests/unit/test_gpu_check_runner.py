@@ -9,12 +9,9 @@ import os
 import sys
 from dataclasses import replace
 
-import pytest
-
 from scripts.gpu_check.cli import write
 from scripts.gpu_check.context import Context, Launch, Settings, Skipped, StepFailed
-from scripts.gpu_check.runner import STEPS, Background, Move, PerDevice, Runner, StepSpec, check_specs, names, plan, \
-    time_box
+from scripts.gpu_check.runner import NAMES, STEPS, Runner, time_box
 
 #: the record's order, as docs/gpu-check.md's table and tests/test_gpu_check.py have it
 ORDER = ["install", "ddp", "amp_fp16", "amp_bf16", "channels_last", "exact", "horovod_api", "horovod_build",
@@ -22,19 +19,24 @@ ORDER = ["install", "ddp", "amp_fp16", "amp_bf16", "channels_last", "exact", "ho
 SPEC = {spec.name: spec for spec in STEPS}
 
 
-def test_the_list_orders_the_record_and_the_runs():
-    check_specs(STEPS)
-    assert names() == ORDER and all(callable(spec.action) != spec.background for spec in STEPS)
+def test_the_list_orders_the_record_and_can_be_run():
+    assert list(NAMES) == ORDER
     assert [(spec.name, spec.issue_step) for spec in STEPS if spec.issue_step == 2] == [
         ("amp_fp16", 2), ("amp_bf16", 2), ("channels_last", 2)]
     assert [spec.name for spec in STEPS if not spec.required] == ["horovod_build"]
-    foreground = [Move("run", name) for name in ORDER if name != "horovod_build"]
-    assert plan(STEPS) == [*foreground[:2], Move("start", "horovod_build"), *foreground[2:-1],
-                           Move("join", "horovod_build"), foreground[-1]]
+    # One background step, its action a pair (its command, what it records), started after a foreground step and
+    # waited for before a later one; every other step's action runs in its turn; the prerequisite is a foreground one.
+    background = [spec for spec in STEPS if spec.starts_after or spec.joined_before]
+    assert [spec.name for spec in background] == ["horovod_build"]
+    build = background[0]
+    assert isinstance(build.action, tuple) and len(build.action) == 2 and all(map(callable, build.action))
+    assert all(callable(spec.action) for spec in STEPS if spec is not build)
+    assert ORDER.index(build.starts_after) < ORDER.index(build.name) < ORDER.index(build.joined_before)
+    assert [spec.name for spec in STEPS if spec.left_out] == ["install"]
 
 
 def test_time_boxes_keep_back_the_later_selected_steps():
-    everything = names()
+    everything = NAMES
     # On a GPU the steps after install keep back 200 s: with the whole budget install gets its box.
     assert time_box(SPEC["install"], STEPS, everything, "cuda", 480) == 90
     assert time_box(SPEC["install"], STEPS, everything, "cuda", 250) == 50
@@ -46,17 +48,6 @@ def test_time_boxes_keep_back_the_later_selected_steps():
     assert time_box(SPEC["horovod_build"], STEPS, everything, "cuda", 200) == 155
     assert time_box(SPEC["horovod_build"], STEPS, everything, "cpu", 200) == 170
     assert time_box(SPEC["horovod_build"], STEPS, ["ddp", "horovod_build"], "cuda", 200) == 200
-
-
-def test_lists_that_cannot_run_are_refused():
-    box, run, build = PerDevice(1, 1), SPEC["ddp"].action, SPEC["horovod_build"].action
-    with pytest.raises(ValueError, match="named twice"):
-        check_specs([StepSpec("a", 0, box, box, run), StepSpec("a", 1, box, box, run)])
-    with pytest.raises(ValueError, match="ends before 'a'"):
-        check_specs([StepSpec("a", 0, box, box, run), StepSpec("b", 1, box, box, run),
-                     StepSpec("c", 2, box, box, build, starts_after="b", joined_before="a")])
-    with pytest.raises(ValueError, match="only a background step"):
-        check_specs([StepSpec("a", 0, box, box, run, starts_after="b")])
 
 
 class Fake:
@@ -77,7 +68,7 @@ class Fake:
 class FakeBuild:
     def __init__(self, done: list) -> None:
         self.done = done
-        self.background = Background(self.prepare, self.finished)
+        self.background = (self.prepare, self.finished)
 
     def prepare(self, ctx, record) -> Launch:
         self.done.append(("prepare", record.name, None))
@@ -94,7 +85,7 @@ def check(tmp_path, only=tuple(ORDER), fail=(), skip=None, build=None, budget=No
                         nproc_wanted=None)
     done: list = []
     fakes = {name: Fake(done, fails=name in fail, skips=(skip or {}).get(name)) for name in ORDER}
-    specs = [replace(spec, action=(build or FakeBuild)(done).background) if spec.background else
+    specs = [replace(spec, action=(build or FakeBuild)(done).background) if spec.starts_after else
              replace(spec, action=fakes[spec.name].run, left_out=spec.left_out and fakes[spec.name].left_out)
              for spec in STEPS]
     runner = Runner(specs, Context(settings), settings.budget if budget is None else budget)
@@ -145,13 +136,6 @@ def test_steps_left_out_are_skipped_but_install_still_probes(tmp_path, capsys):
     assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == ["[gpu_check] amp_bf16"]
 
 
-def test_a_step_without_its_kind_of_action_is_refused(tmp_path):
-    runner, _ = check(tmp_path)
-    specs = [replace(spec, action=SPEC["ddp"].action) if spec.background else spec for spec in STEPS]
-    with pytest.raises(ValueError, match="horovod_build: no background step"):
-        Runner(specs, runner.ctx, runner.ctx.settings.budget)
-
-
 class StartedBuild(FakeBuild):
     """A build that starts a command (which exits at once)."""
 
@@ -180,3 +164,18 @@ def test_the_builds_box_is_rounded_and_a_build_without_time_fails_with_its_line(
     assert not [entry for entry in done if entry[0] == "finished"] and build.commands == []
     lines = capsys.readouterr().out.splitlines()
     assert "[gpu_check] horovod_build: failed in" in "\n".join(lines) and len(lines) == 2, lines
+
+
+def test_a_started_build_is_waited_for_before_compare(tmp_path, capsys):
+    runner, done = check(tmp_path, skip={"amp_fp16": "CUDA only"}, build=StartedBuild)
+    assert runner.run() is None
+    assert [(what, name) for what, name, _ in done] == [
+        ("run", "install"), ("run", "ddp"), ("prepare", "horovod_build"), ("run", "amp_fp16"), ("run", "amp_bf16"),
+        ("run", "channels_last"), ("run", "exact"), ("run", "horovod_api"), ("finished", "horovod_build"),
+        ("run", "compare")]
+    build = runner.records["horovod_build"]
+    # its box counted when it started: the budget left (300 s) less what compare keeps back (30 s on CPU)
+    assert build.outcome == "ok" and build.commands == ["build"] and build.limit_s == 270 and build.seconds > 0
+    assert build.started_s is not None and build.started_s <= runner.records["amp_fp16"].started_s
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"[gpu_check] {name}" for name in ORDER]
