@@ -14,9 +14,9 @@ from .context import Options
 from .follow import Handed, Skipping, WrapFact, handed, skipping
 from .names import dotted
 from .plan import Wrap
-from .project import Folder, Resolver, SourceFile, import_closure, read_folder
+from .project import Folder, Resolver, import_closure, read_folder
 from .report import PortReport, Unported
-from .rewrite import Links, PortError, Prepared, handed_sites, port_prepared, prepare
+from .rewrite import Links, Prepared, handed_sites, port_prepared, prepare_file, refusal
 
 #: methods that return the model they are called on: `Net().to(device)` builds a Net
 SAME_MODEL = ("to", "cuda", "cpu", "float", "double", "half", "bfloat16", "train", "eval")
@@ -58,25 +58,21 @@ def _facts(path: str, prepared: Prepared) -> List[WrapFact]:
     return facts
 
 
-def _prepare(file: SourceFile, parse_always: bool = False) -> Prepared:
-    return prepare(file.text, file.path, parse_always)
-
-
 def links_of(folder: Folder, given: Optional[Dict[str, Prepared]] = None
              ) -> Tuple[Dict[str, Prepared], Dict[str, Links]]:
     """Every file of the folder to port, prepared (those `given` as they are), with its links to the rest of the
     folder."""
     resolver = Resolver(folder)
-    files = {f.path: f for f in folder.files if f.tree is not None}
+    files = {f.path: f for f in folder.files}
     prepared = dict(given or {})
-    prepared.update({path: _prepare(f) for path, f in files.items() if f.uses_horovod and path not in prepared})
+    prepared.update({path: prepare_file(f) for path, f in files.items() if path not in prepared and f.uses_horovod})
     facts = [fact for path, p in prepared.items() for fact in _facts(path, p)]
     held: List[Handed] = handed(facts, files, resolver)
     handed_by: Dict[str, List[Handed]] = {}
     synced: Dict[str, Dict[str, str]] = {}
     for item in held:
         if item.path not in prepared or prepared[item.path].plan is None:
-            prepared[item.path] = _prepare(files[item.path], parse_always=True)
+            prepared[item.path] = prepare_file(files[item.path], parse_always=True)
         handed_by.setdefault(item.path, []).append(item)
         sites = handed_sites(prepared[item.path], item)
         for fact in facts:
@@ -101,11 +97,9 @@ def port_folder(root: Path, options: Optional[Options] = None, leave_out: Sequen
     result = FolderPorted(folder, report=PortReport(source=str(root), output=output))
     report = result.report
     for file in folder.files:
-        if file.tree is None and "horovod" in file.text:
-            try:
-                prepare(file.text, file.path)
-            except PortError as exc:
-                report.unported.append(Unported(0, file.path, f"{exc}; the file is copied as it is", file.path))
+        if file.may_use_horovod and file.tree is None:
+            why = refusal(file.path, file.text, file.error)
+            report.unported.append(Unported(0, file.path, f"{why}; the file is copied as it is", file.path))
     prepared, links = links_of(folder)
     for path in sorted(prepared):
         ported = port_prepared(prepared[path], path, options, links[path])
@@ -127,7 +121,7 @@ def port_script(script: Path, text: str, options: Optional[Options] = None
     needs the port too, as an Unported naming it)."""
     folder = import_closure(script, text)
     name = script.name
-    own = prepare(text, str(script))  # the script's own errors name it as given
+    own = prepare_file(folder.files[0], str(script))  # the script's own errors name it as given
     prepared, links = links_of(folder, {name: own})
     ported = port_prepared(prepared[name], None, options, links.get(name, Links()))
     left = []

@@ -5,11 +5,15 @@ its forward that calls a submodule only under a condition), which DDP must be to
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union, cast
 
+import libcst as cst
+
+from .context import code
+from .names import dotted
 from .project import Found, Resolver, SourceFile
+from .walk import nodes
 
 #: how deep a chain of calls (train.py -> engine.train_epoch -> engine.train_step) is followed
 DEPTH = 4
@@ -57,44 +61,35 @@ class Skipping:
     what: str
 
 
-def _dotted(node: ast.AST) -> Optional[str]:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
-
-
-def _function(tree: ast.Module, name: Optional[str]) -> Optional[ast.AST]:
+def _function(tree: cst.Module, name: Optional[str]) -> Union[cst.Module, cst.FunctionDef, None]:
     """The module-level function `name` of `tree` (None: the module itself)."""
     if name is None:
         return tree
-    return next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
-                None)
+    return next((n for n in tree.body if isinstance(n, cst.FunctionDef) and n.name.value == name), None)
 
 
-def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> List[str]:
-    return [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+def _calls(root: cst.CSTNode) -> Iterator[cst.Call]:
+    """Every call under `root`, in the order of the source."""
+    return (node for node in nodes(root) if isinstance(node, cst.Call))
 
 
-def _received(call: ast.Call, function: ast.FunctionDef | ast.AsyncFunctionDef, held: Dict[str, str]
-              ) -> Dict[str, str]:
+def _received(call: cst.Call, function: cst.FunctionDef, held: Dict[str, str]) -> Dict[str, str]:
     """Which of `held` (name in the caller -> "model" or "optimizer") `call` hands to `function`, by the name of
     the parameter it arrives in: {"model": "net", "optimizer": "opt"}."""
-    parameters = _parameters(function)
-    keywords = {a.arg for a in function.args.kwonlyargs} | set(parameters)
+    parameters = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+    keywords = {p.name.value for p in function.params.kwonly_params} | set(parameters)
     found: Dict[str, str] = {}
-    for position, arg in enumerate(call.args):
-        if isinstance(arg, ast.Starred):
+    positional = [arg for arg in call.args if arg.keyword is None and arg.star != "**"]
+    for position, arg in enumerate(positional):
+        if arg.star:
             break
-        name = _dotted(arg)
+        name = dotted(arg.value)
         if name in held and position < len(parameters):
             found[held[name]] = parameters[position]
-    for keyword in call.keywords:
-        name = _dotted(keyword.value) if keyword.arg else None
-        if name in held and keyword.arg in keywords:
-            found[held[name]] = keyword.arg
+    for arg in call.args:
+        name = dotted(arg.value)
+        if arg.keyword is not None and name in held and arg.keyword.value in keywords:
+            found[held[name]] = arg.keyword.value
     return found
 
 
@@ -111,56 +106,78 @@ def handed(facts: Sequence[WrapFact], files: Dict[str, SourceFile], resolver: Re
             scope = _function(file.tree, function) if file.tree else None
             if scope is None or depth >= DEPTH:
                 continue
-            for call in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):
-                callee = _dotted(call.func)
+            for call in _calls(scope):
+                callee = dotted(call.func)
                 target = resolver.definition(file, callee) if callee else None
-                if target is None or not isinstance(target.definition, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if target is None or not isinstance(target.definition, cst.FunctionDef):
                     continue
                 received = _received(call, target.definition, names)
                 if not received:
                     continue
-                key = (target.file.path, target.definition.name)
+                function = target.definition.name.value
+                key = (target.file.path, function)
                 if target.file.path != fact.path and key not in found:
-                    found[key] = Handed(target.file.path, target.definition.name, received.get("model"),
+                    found[key] = Handed(target.file.path, function, received.get("model"),
                                         received.get("optimizer"), fact.passes, fact.origin)
-                    queue.append((target.file, target.definition.name,
-                                  {v: k for k, v in received.items()}, depth + 1))
+                    queue.append((target.file, function, {v: k for k, v in received.items()}, depth + 1))
     return list(found.values())
 
 
-def _conditional_calls(forward: ast.FunctionDef | ast.AsyncFunctionDef) -> List[Tuple[int, str, str]]:
-    """(line, submodule, condition) for each call of `self.X(...)` in `forward` that runs only under a condition
-    (`if`, a conditional expression, a loop that can stop early)."""
+class _OneLine(cst.CSTTransformer):
+    """An expression made one line, as ast.unparse writes its strings and numbers: each line break (with the
+    comments on it) or run of spaces one space, `"train"` 'train', `0x10` 16."""
+
+    def leave_ParenthesizedWhitespace(self, original_node: cst.ParenthesizedWhitespace,
+                                      updated_node: cst.ParenthesizedWhitespace) -> cst.BaseParenthesizableWhitespace:
+        return cst.SimpleWhitespace(" ")
+
+    def leave_SimpleWhitespace(self, original_node: cst.SimpleWhitespace, updated_node: cst.SimpleWhitespace
+                               ) -> cst.SimpleWhitespace:
+        return cst.SimpleWhitespace(" ") if updated_node.value else updated_node
+
+    def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString
+                           ) -> cst.SimpleString:
+        return cst.SimpleString(repr(updated_node.evaluated_value))
+
+    def leave_Integer(self, original_node: cst.Integer, updated_node: cst.Integer) -> cst.Integer:
+        return cst.Integer(repr(updated_node.evaluated_value))
+
+    def leave_Float(self, original_node: cst.Float, updated_node: cst.Float) -> cst.Float:
+        return cst.Float(repr(updated_node.evaluated_value))
+
+
+def _condition(test: cst.BaseExpression) -> str:
+    """A condition as the report writes it: on one line, without the parentheses around it."""
+    bare = test.with_changes(lpar=[], rpar=[]) if test.lpar else test
+    return code(cast(cst.BaseExpression, bare.visit(_OneLine())))
+
+
+def _conditional_calls(file: SourceFile, forward: cst.FunctionDef) -> List[Tuple[int, str, str]]:
+    """(line, submodule, condition) for each call of `self.X(...)` in `forward` (of `file`) that runs only under a
+    condition (`if`, a conditional expression, a loop that can stop early)."""
     found: List[Tuple[int, str, str]] = []
-    for node in ast.walk(forward):
-        branches: List[ast.AST] = []
-        if isinstance(node, ast.If):
-            branches = [*node.body, *node.orelse]
-        elif isinstance(node, ast.IfExp):
-            branches = [node.body, node.orelse]
-        else:
-            continue
-        condition = ast.unparse(node.test)
-        for branch in branches:
-            for inner in ast.walk(branch):
-                if isinstance(inner, ast.Call):
-                    name = _dotted(inner.func) or ""
+    for node in nodes(forward):
+        if isinstance(node, (cst.If, cst.IfExp)):
+            condition = _condition(node.test)
+            for branch in (node.body, node.orelse):
+                for call in _calls(branch) if branch is not None else ():
+                    name = dotted(call.func) or ""
                     if name.startswith("self.") and name.count(".") == 1:
-                        found.append((inner.lineno, name, condition))
+                        found.append((file.positions[call].start.line, name, condition))
     return found
 
 
 def _classes_built(definition: Found, resolver: Resolver, depth: int) -> List[Found]:
     """The folder's classes a callable builds: the class itself, or the classes a factory function returns."""
-    if isinstance(definition.definition, ast.ClassDef):
+    if isinstance(definition.definition, cst.ClassDef):
         return [definition]
     if depth > 3:
         return []
     built: List[Found] = []
-    for node in ast.walk(definition.definition):
-        value = node.value if isinstance(node, (ast.Return, ast.Assign)) else None
-        if isinstance(value, ast.Call):
-            name = _dotted(value.func)
+    for node in nodes(definition.definition):
+        value = node.value if isinstance(node, (cst.Return, cst.Assign)) else None
+        if isinstance(value, cst.Call):
+            name = dotted(value.func)
             inner = resolver.definition(definition.file, name) if name else None
             if inner is not None and inner.definition is not definition.definition:
                 built += _classes_built(inner, resolver, depth + 1)
@@ -179,25 +196,25 @@ def skipping(file: SourceFile, factory: Optional[str], resolver: Resolver) -> Op
     queue = _classes_built(start, resolver, 0)
     while queue:
         found = queue.pop(0)
-        if id(found.definition) in seen or not isinstance(found.definition, ast.ClassDef):
+        if id(found.definition) in seen or not isinstance(found.definition, cst.ClassDef):
             continue
         seen.add(id(found.definition))
         cls = found.definition
-        methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        methods = {n.name.value: n for n in cls.body.body if isinstance(n, cst.FunctionDef)}
         forward = methods.get("forward")
         if forward is not None:
-            for line, call, condition in _conditional_calls(forward):
+            for line, call, condition in _conditional_calls(found.file, forward):
                 return Skipping(f"{found.file.path}:{line}",
-                                f"{cls.name}.forward calls {call} only when {condition}")
-        for base in cls.bases:  # a base class of the folder's with the forward
-            name = _dotted(base)
+                                f"{cls.name.value}.forward calls {call} only when {condition}")
+        for base in (arg.value for arg in cls.bases if not arg.star):  # a base class of the folder's with the forward
+            name = dotted(base)
             parent = resolver.definition(found.file, name) if name else None
             if parent is not None:
                 queue.append(parent)
         init = methods.get("__init__")
-        for node in ast.walk(init) if init is not None else []:  # self.head = Head(...): a submodule's forward
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                name = _dotted(node.value.func)
+        for node in nodes(init) if init is not None else ():  # self.head = Head(...): a submodule's forward
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+                name = dotted(node.value.func)
                 inner = resolver.definition(found.file, name) if name else None
                 if inner is not None:
                     queue += _classes_built(inner, resolver, 0)

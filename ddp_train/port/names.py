@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Mapping, Optional, Set
+from typing import AbstractSet, Dict, Iterable, List, Mapping, Optional, Set, Tuple, cast
 
 import libcst as cst
-from libcst.metadata import ImportAssignment, Scope
+from libcst.metadata import CodeRange, ImportAssignment, Scope
+
+from .walk import imports, nodes
 
 #: Horovod's torch modules whose names horovod.torch re-exports: horovod.torch.mpi_ops.allreduce is hvd.allreduce
 SUBMODULES = ("mpi_ops", "functions", "optimizer", "compression", "sync_batch_norm")
@@ -27,6 +28,7 @@ def _module_name(node: cst.BaseExpression) -> str:
 
 
 def is_horovod(module: str) -> bool:
+    """A module of Horovod's: horovod, or one under it."""
     return module == "horovod" or module.startswith("horovod.")
 
 
@@ -92,13 +94,12 @@ def horovod_import(small: cst.CSTNode) -> bool:
 
 @dataclass
 class Survey:
-    """What one walk of Python's own syntax tree tells before the rewrite (fast: ast is C): the Horovod names,
-    the lines names appear on, and what it calls load_state_dict on. (Which names the script binds, and where,
-    is LibCST's ScopeProvider's: port.bindings.)"""
+    """What one walk of the parsed script tells the rewrite (port.walk's, which makes no node): the lines the names
+    it asks about appear on, what the script calls load_state_dict on, and its quote style. (Which names the
+    script binds, and where, is LibCST's ScopeProvider's: port.bindings.)"""
 
-    names: HorovodNames
     loads_state: Set[str]
-    #: the lines each name, and each dotted name an attribute is taken of, appears on
+    #: the lines each name asked about, or dotted name an attribute is taken of, appears on
     lines: Dict[str, Set[int]]
     #: the quote most of the script's strings are written with
     quote: str
@@ -111,42 +112,84 @@ class Survey:
         return found
 
 
-def _ast_dotted(node: ast.AST) -> Optional[str]:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _ast_dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
+#: the fields whose Name is no name the code reads or binds (Python's own tree holds a string there), and the
+#: imports, global and nonlocal statements, whose names are the imports' own (HorovodNames) or not read there
+NOT_READ = frozenset({
+    (cst.Attribute, "attr"), (cst.FunctionDef, "name"), (cst.ClassDef, "name"), (cst.Param, "name"),
+    (cst.Arg, "keyword"), (cst.ExceptHandler, "name"), (cst.ExceptStarHandler, "name"), (cst.MatchAs, "name"),
+    (cst.MatchStar, "name"), (cst.MatchMapping, "rest"), (cst.MatchKeywordElement, "key"), (cst.TypeVar, "name"),
+    (cst.TypeVarTuple, "name"), (cst.ParamSpec, "name"), (cst.Import, "names"), (cst.ImportFrom, "module"),
+    (cst.ImportFrom, "names"), (cst.Global, "names"), (cst.Nonlocal, "names")})
 
 
-def survey(tree: ast.Module, text: str) -> Survey:
-    """Survey a parsed script (`text` its source)."""
+def horovod_names(module: cst.Module) -> HorovodNames:
+    """The names the module's imports bind to Horovod, at any depth (a name imported twice: the deeper import, or
+    at one depth the later one, the last that ast.walk meets)."""
     names = HorovodNames()
+    for node in imports(module):
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                if is_horovod(alias.evaluated_name):
+                    names.aliases[alias.evaluated_alias or "horovod"] = \
+                        alias.evaluated_name if alias.asname else "horovod"
+        elif node.module is not None and not node.relative and is_horovod(_module_name(node.module)) \
+                and not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                names.aliases[alias.evaluated_alias or alias.evaluated_name] = \
+                    f"{_module_name(node.module)}.{alias.evaluated_name}"
+    return names
+
+
+def _quoted(node: cst.BaseString) -> Tuple[Optional[str], int]:
+    """A string literal as the quote style counts it: the quote its first part opens with (None: bytes, a triple
+    quote or an f-string, not counted) and how many strings it is to Python: one, or for a concatenation with an
+    f-string in it, one per run of text between its replacement fields."""
+    parts: List[cst.BaseString] = []
+    while isinstance(node, cst.ConcatenatedString):
+        parts.append(node.left)
+        node = node.right
+    parts.append(node)
+    first = parts[0]
+    if not isinstance(first, cst.SimpleString) or "b" in first.prefix.lower() or len(first.quote) != 1:
+        return None, 0
+    if all(isinstance(part, cst.SimpleString) for part in parts):
+        return first.quote, 1
+    runs, text = 0, False
+    for part in parts:
+        if isinstance(part, cst.SimpleString):
+            text = text or bool(part.raw_value)
+            continue
+        for piece in cast(cst.FormattedString, part).parts:
+            if isinstance(piece, cst.FormattedStringText):
+                text = text or bool(piece.value)
+            else:  # a replacement field ends a run of text; f"{x=}" writes "x=" as text before it
+                runs += text or cast(cst.FormattedStringExpression, piece).equal is not None
+                text = False
+    return first.quote, runs + text
+
+
+def survey(module: cst.Module, positions: Mapping[cst.CSTNode, CodeRange], wanted: AbstractSet[str]) -> Survey:
+    """One walk of a parsed script (`positions`: its nodes' ranges): the lines each of `wanted` appears on, what
+    the script calls load_state_dict on, and the quote most of its strings are written with."""
     loads: Set[str] = set()
     lines: Dict[str, Set[int]] = {}
     quotes = {"'": 0, '"': 0}
-    source = text.splitlines()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Name, ast.Attribute)):
-            name = node.id if isinstance(node, ast.Name) else _ast_dotted(node.value)
-            if name:
-                lines.setdefault(name, set()).update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.lineno <= len(source):
-            start = source[node.lineno - 1][node.col_offset:].lstrip("rbuRBU")
-            if start[:1] in quotes and not start.startswith(start[:1] * 3):
-                quotes[start[:1]] += 1
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if is_horovod(alias.name):
-                    names.aliases[alias.asname or "horovod"] = alias.name if alias.asname else "horovod"
-        elif isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                if node.module and not node.level and is_horovod(node.module) and alias.name != "*":
-                    names.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                node.func.attr == "load_state_dict":
-            receiver = _ast_dotted(node.func.value)
+    parts: Set[int] = set()  # the strings of a concatenation, counted with it
+    for node in nodes(module, NOT_READ):
+        name = node.value if isinstance(node, cst.Name) else \
+            dotted(node.value) if isinstance(node, cst.Attribute) else None
+        if name in wanted:
+            where = positions[node]
+            lines.setdefault(cast(str, name), set()).update(range(where.start.line, where.end.line + 1))
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value == "load_state_dict":
+            receiver = dotted(node.func.value)
             if receiver:
                 loads.add(receiver)
-    return Survey(names, loads, lines, "'" if quotes["'"] > quotes['"'] else '"')
+        elif isinstance(node, (cst.SimpleString, cst.ConcatenatedString)) and id(node) not in parts:
+            quote, count = _quoted(node)
+            if quote is not None:
+                quotes[quote] += count
+        if isinstance(node, cst.ConcatenatedString):
+            parts.update((id(node.left), id(node.right)))
+    return Survey(loads, lines, "'" if quotes["'"] > quotes['"'] else '"')

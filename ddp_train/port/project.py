@@ -4,15 +4,20 @@ first entry of sys.path, as for `python train.py` run there), the other files to
 
 from __future__ import annotations
 
-import ast
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
+
+import libcst as cst
+from libcst.metadata import CodeRange, PositionProvider
 
 from common.rundir.names import LAUNCH_LOG, METRICS_FILE
 
+from .names import dotted, is_horovod
 from .report import Skipped
+from .walk import imports
 
 #: folders never ported nor copied, by name: why
 SKIPPED_NAMES = {
@@ -26,24 +31,64 @@ SKIPPED_NAMES = {
 #: a file that makes its folder a run's output: this project's run directories, TensorBoard's event files
 RUN_OUTPUT_FILES = (METRICS_FILE, LAUNCH_LOG)
 EVENTS_PREFIX = "events.out.tfevents."
+#: what the text of an import of Horovod holds (`import horovod`, `import os, horovod.torch`, `from horovod.torch
+#: import`, split by a backslash or not): a file without it is not parsed to look for one
+HOROVOD_IMPORT = re.compile(r"(?:\bimport|\bfrom|,)[ \t\f]*(?:\\\n[ \t\f]*)*horovod\b")
 
-Definition = Union[ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef]
+Definition = Union[cst.FunctionDef, cst.ClassDef]
 
 
 @dataclass
 class SourceFile:
     """A Python file of the folder: its path from the folder's root, the module name it is imported by (None for a
-    file no import reaches, e.g. in a folder whose name is not an identifier), its text and syntax tree."""
+    file no import reaches, e.g. in a folder whose name is not an identifier), its text and, parsed the first time
+    it is asked for and only then (a file the port never reads into is never parsed), its LibCST module."""
 
     path: str
     module: Optional[str]
     text: str
-    tree: Optional[ast.Module]
+    _parsed: Union[cst.Module, Exception, None] = field(default=None, init=False, repr=False, compare=False)
+    _wrapper: Optional[cst.MetadataWrapper] = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def tree(self) -> Optional[cst.Module]:
+        """Its module; None where LibCST cannot parse it (`error` says why)."""
+        if self._parsed is None:
+            try:
+                self._parsed = cst.parse_module(self.text)
+            except (cst.ParserSyntaxError, UnicodeError) as exc:  # a file read with surrogateescape: not UTF-8
+                self._parsed = exc
+        return self._parsed if isinstance(self._parsed, cst.Module) else None
+
+    @property
+    def error(self) -> Optional[Exception]:
+        """Why its text cannot be parsed, else None."""
+        return None if self.tree is not None else cast(Exception, self._parsed)
+
+    @property
+    def wrapper(self) -> cst.MetadataWrapper:
+        """Its module's MetadataWrapper, made once: what is resolved through it (positions, scopes) is kept for
+        every later use, the port's of this file included."""
+        assert self.tree is not None, "a file that cannot be parsed has no metadata"
+        if self._wrapper is None:
+            self._wrapper = cst.MetadataWrapper(self.tree, unsafe_skip_copy=True)
+        return self._wrapper
+
+    @property
+    def positions(self) -> Mapping[cst.CSTNode, CodeRange]:
+        """Where each node of its module is."""
+        return self.wrapper.resolve(PositionProvider)
+
+    @property
+    def may_use_horovod(self) -> bool:
+        """Its text holds what an import of Horovod does (HOROVOD_IMPORT; a comment or string can too)."""
+        return "horovod" in self.text and HOROVOD_IMPORT.search(self.text) is not None  # the word first: quicker
 
     @property
     def uses_horovod(self) -> bool:
         """The file imports something of Horovod."""
-        return self.tree is not None and any(_is_horovod(name) for name in _imported_modules(self.tree))
+        return self.may_use_horovod and self.tree is not None and \
+            any(is_horovod(name) for name in _imported_modules(self.tree))
 
     def package(self) -> str:
         """The package its relative imports start from."""
@@ -70,16 +115,32 @@ class Folder:
         return next((f for f in self.files if f.path == path), None)
 
 
-def _is_horovod(module: str) -> bool:
-    return module == "horovod" or module.startswith("horovod.")
+def _imported_modules(tree: cst.Module) -> List[str]:
+    """The modules the module's absolute imports name, at any depth."""
+    found: List[str] = []
+    for node in imports(tree):
+        if isinstance(node, cst.Import):
+            found += [alias.evaluated_name for alias in node.names]
+        elif node.module is not None and not node.relative:
+            found.append(dotted(node.module) or "")
+    return found
 
 
-def _imported_modules(tree: ast.Module) -> Iterator[str]:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            yield node.module
+def _imported_names(file: SourceFile, node: Union[cst.Import, cst.ImportFrom]) -> List[str]:
+    """The modules an import of `file` can name: `import a.b`'s a.b, `from .m import x`'s m and m.x (absolute)."""
+    if isinstance(node, cst.Import):
+        return [alias.evaluated_name for alias in node.names]
+    module = _from_module(file, node)
+    if module is None:
+        return []
+    names = () if isinstance(node.names, cst.ImportStar) else node.names
+    return [module, *(f"{module}.{alias.evaluated_name}" for alias in names)]
+
+
+def _from_module(file: SourceFile, node: cst.ImportFrom) -> Optional[str]:
+    """The absolute module `from ... import` names in `file`."""
+    module = dotted(node.module) if node.module is not None else None
+    return resolve_relative(file, len(node.relative), module) if node.relative else module
 
 
 def _why_skipped(folder: Path, names: Sequence[str]) -> Optional[str]:
@@ -106,7 +167,7 @@ def module_name(path: str) -> Optional[str]:
 
 
 def read_folder(root: Path, leave_out: Sequence[Path] = ()) -> Folder:
-    """The folder under `root` (its Python files parsed; a file that is not valid Python keeps tree None), without
+    """The folder under `root` (its Python files read, each parsed when first needed), without
     the folders of SKIPPED_NAMES, virtual environments, run output and `leave_out` (the port's own output folder when
     it lies inside)."""
     folder = Folder(root)
@@ -146,19 +207,13 @@ def import_closure(script: Path, text: str) -> Folder:
     the port of one script reads of its folder, however large the folder is."""
     root = script.parent.resolve()
     folder = Folder(root)
-    queue = [_parsed(script.name, text)]
+    queue = [SourceFile(script.name, module_name(script.name), text)]
     seen = {script.name}
     while queue:
         file = queue.pop()
         folder.files.append(file)
-        for node in ast.walk(file.tree) if file.tree else []:
-            names: List[str] = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                module = resolve_relative(file, node.level, node.module) if node.level else node.module
-                names = [module, *(f"{module}.{a.name}" for a in node.names)] if module else []
-            for name in names:
+        for node in imports(file.tree) if file.tree else []:
+            for name in _imported_names(file, node):
                 parts = name.split(".")
                 for end in range(1, len(parts) + 1):
                     for candidate in ("/".join(parts[:end]) + ".py", "/".join(parts[:end]) + "/__init__.py"):
@@ -169,15 +224,8 @@ def import_closure(script: Path, text: str) -> Folder:
 
 
 def _source(root: Path, relative: str) -> SourceFile:
-    return _parsed(relative, (root / relative).read_text(encoding="utf-8", errors="surrogateescape"))
-
-
-def _parsed(relative: str, text: str) -> SourceFile:
-    try:
-        tree: Optional[ast.Module] = ast.parse(text, filename=relative)
-    except (SyntaxError, ValueError):
-        tree = None
-    return SourceFile(relative, module_name(relative), text, tree)
+    text = (root / relative).read_text(encoding="utf-8", errors="surrogateescape")
+    return SourceFile(relative, module_name(relative), text)
 
 
 def resolve_relative(importer: SourceFile, level: int, module: Optional[str]) -> Optional[str]:
@@ -211,44 +259,25 @@ class Resolver:
         if file.path in self._bindings:
             return self._bindings[file.path]
         found: Dict[str, Tuple[str, Optional[str]]] = {}
-        for node in file.tree.body if file.tree else []:
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.asname:
-                        found[alias.asname] = (alias.name, None)
-                    else:
-                        found[alias.name.split(".")[0]] = (alias.name.split(".")[0], None)
-            elif isinstance(node, ast.ImportFrom):
-                module = resolve_relative(file, node.level, node.module) if node.level else node.module
-                if module is None:
-                    continue
-                for alias in node.names:
-                    if alias.name == "*":
+        for line in file.tree.body if file.tree else []:
+            for node in line.body if isinstance(line, cst.SimpleStatementLine) else ():
+                if isinstance(node, cst.Import):
+                    for alias in node.names:
+                        name = alias.evaluated_name
+                        if alias.evaluated_alias:
+                            found[alias.evaluated_alias] = (name, None)
+                        else:
+                            found[name.split(".")[0]] = (name.split(".")[0], None)
+                elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+                    module = _from_module(file, node)
+                    if module is None:
                         continue
-                    submodule = f"{module}.{alias.name}"
-                    found[alias.asname or alias.name] = (submodule, None) if submodule in self.modules \
-                        else (module, alias.name)
+                    for alias in node.names:
+                        submodule = f"{module}.{alias.evaluated_name}"
+                        found[alias.evaluated_alias or alias.evaluated_name] = (submodule, None) \
+                            if submodule in self.modules else (module, alias.evaluated_name)
         self._bindings[file.path] = found
         return found
-
-    def imported_files(self, file: SourceFile) -> List[SourceFile]:
-        """The folder's files that `file` imports (at any depth of its code), each once."""
-        seen: Dict[str, SourceFile] = {}
-        for node in ast.walk(file.tree) if file.tree else []:
-            names: List[str] = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                module = resolve_relative(file, node.level, node.module) if node.level else node.module
-                if module:
-                    names = [module, *(f"{module}.{a.name}" for a in node.names)]
-            for name in names:
-                parts = name.split(".")
-                for end in range(1, len(parts) + 1):  # importing a.b.c imports a and a.b too
-                    target = self.modules.get(".".join(parts[:end]))
-                    if target is not None and target.path != file.path:
-                        seen.setdefault(target.path, target)
-        return list(seen.values())
 
     def definition(self, file: SourceFile, dotted: str, depth: int = 0) -> Optional[Found]:
         """The folder's definition that `dotted`, read at module level of `file`, names; None where it is not
@@ -276,9 +305,9 @@ class Resolver:
         return None
 
 
-def _top_definition(tree: ast.Module, name: str) -> Optional[Definition]:
+def _top_definition(tree: cst.Module, name: str) -> Optional[Definition]:
     found: Optional[Definition] = None
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node.name.value == name:
             found = node  # the last definition wins, as when the module runs
     return found

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import time
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -15,8 +14,9 @@ from .context import Context, Options
 from .ending import end_cleanly
 from .imports import finish
 from .follow import Handed, Skipping
-from .names import Survey, survey
+from .names import HorovodNames, horovod_names, survey
 from .plan import Assignment, Plan, Wrap, plan
+from .project import SourceFile
 from .report import PortReport
 from .transform import Porter
 
@@ -63,35 +63,53 @@ class Links:
 @dataclass
 class Prepared:
     """A file parsed for the port: its text, Horovod names and, where there is something to port, its LibCST
-    module, bindings and plan."""
+    module (in its MetadataWrapper), bindings and plan."""
 
     text: str
     source: str
-    found: Survey
+    names: HorovodNames
     wrapper: Optional[cst.MetadataWrapper] = None
     bound: Optional[Bindings] = None
     plan: Optional[Plan] = None
 
 
+def refusal(source: str, text: str, error: Optional[Exception]) -> PortError:
+    """The one line that refuses `text` (read from `source`), which LibCST could not parse (`error`): Python's own
+    account of its syntax error, the line, column and message the user knows (LibCST's points past it, at the
+    token it could not take), else LibCST's."""
+    line, column, what = 1, 1, str(error)
+    if isinstance(error, cst.ParserSyntaxError):
+        line, column, what = error.editor_line, error.editor_column, error.message.strip().splitlines()[0]
+    elif isinstance(error, UnicodeEncodeError):  # a byte that is not UTF-8, read with surrogateescape
+        line = text.count("\n", 0, error.start) + 1
+        column = error.start - text.rfind("\n", 0, error.start)
+        return PortError(_unreadable(source, line, column, "a byte that is not UTF-8"))
+    try:  # compiled only because it is refused: Python tells where its syntax error is
+        compile(text, source, "exec", dont_inherit=True)
+    except SyntaxError as syntax:
+        return PortError(_unreadable(source, syntax.lineno or line, syntax.offset or 1, syntax.msg))
+    return PortError(_unreadable(source, line, column, what))
+
+
 def prepare(text: str, source: str, parse_always: bool = False) -> Prepared:
     """Parse `text` (read from `source`); its LibCST plan too where it uses Horovod or `parse_always`."""
-    try:
-        found = survey(ast.parse(text, filename=source), text)
-    except SyntaxError as syntax:  # Python's own account: the line and message the user knows
-        raise PortError(_unreadable(source, syntax.lineno, syntax.offset or 1, syntax.msg)) from None
-    prepared = Prepared(text, source, found)
-    if not found.names.aliases and not parse_always:
+    return prepare_file(SourceFile(source, None, text), source, parse_always)
+
+
+def prepare_file(file: SourceFile, source: Optional[str] = None, parse_always: bool = False) -> Prepared:
+    """Prepare a file from its module, parsed once (a PortError naming `source`, else its path, where it cannot
+    be parsed); its plan too where it uses Horovod or `parse_always`."""
+    source = source or file.path
+    if file.tree is None:
+        raise refusal(source, file.text, file.error)
+    names = horovod_names(file.tree)
+    prepared = Prepared(file.text, source, names)
+    if not names.aliases and not parse_always:
         return prepared
-    try:
-        module = cst.parse_module(text)
-    except cst.ParserSyntaxError as exc:
-        raise PortError(_unreadable(source, exc.editor_line, exc.editor_column,
-                                    exc.message.strip().splitlines()[0])) from None
-    prepared.wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
+    prepared.wrapper = file.wrapper
     prepared.bound = bindings(prepared.wrapper)
-    names = replace(found.names, scopes=prepared.bound.scopes)  # each Horovod name resolved in its scope from here on
-    prepared.found = replace(found, names=names)
-    prepared.plan = plan(prepared.wrapper, names)
+    prepared.names = replace(names, scopes=prepared.bound.scopes)  # each Horovod name read in its scope from here
+    prepared.plan = plan(prepared.wrapper, prepared.names)
     return prepared
 
 
@@ -117,13 +135,15 @@ def port_prepared(prepared: Prepared, output: str | None, options: Optional[Opti
     links = links or Links()
     started = time.perf_counter()
     report = PortReport(source=prepared.source, output=output)
-    found, the_plan, bound, wrapper = prepared.found, prepared.plan, prepared.bound, prepared.wrapper
+    names, the_plan, bound, wrapper = prepared.names, prepared.plan, prepared.bound, prepared.wrapper
     has_handed = bool(links.handed)
-    if (not found.names.aliases and not has_handed) or the_plan is None or bound is None or wrapper is None:
+    if (not names.aliases and not has_handed) or the_plan is None or bound is None or wrapper is None:
         report.seconds = time.perf_counter() - started  # no Horovod: a DDP script stays as it is
         return Ported(prepared.text, report)
     module = wrapper.module
-    names = found.names
+    models = {w.model for w in the_plan.wraps if w.model} | {w.target for w in the_plan.wraps} | \
+        {name for h in links.handed for name in (h.model, h.optimizer) if name}
+    found = survey(module, bound.positions, set(names.aliases) | models)
     ctx = Context(names, bound.bound, found.quote, options or Options())
     ctx.loads_state = found.loads_state
     ctx.compressions = _compressions(ctx, the_plan.assignments)
@@ -146,10 +166,8 @@ def port_prepared(prepared: Prepared, output: str | None, options: Optional[Opti
             held = Wrap(site.placed, handed.optimizer, {"backward_passes_per_step": cst.parse_expression(
                 handed.passes)}, handed.model, site.placed, origin=handed.origin)
             sites[id(site.placed.statement)] = (site, held)
-    models = {w.model for w in the_plan.wraps if w.model} | {w.target for w in the_plan.wraps} | \
-        {name for h in links.handed for name in (h.model, h.optimizer) if name}
     porter = Porter(ctx, the_plan, bound, sites, module.config_for_parsing,
-                    found.lines_of(found.names.aliases), found.lines_of(models))
+                    found.lines_of(names.aliases), found.lines_of(models))
     rewritten = wrapper.visit(porter)
     rewritten = end_cleanly(rewritten, ctx, models)  # before finish(), which writes the helper it uses
     rewritten = finish(rewritten, ctx, porter.imports, porter.used)
