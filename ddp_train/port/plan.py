@@ -86,10 +86,6 @@ class Plan:
                 return max(found, key=lambda a: a.line)
         return None
 
-    def all_assigned(self, name: str) -> List[Assignment]:
-        """Every assignment to `name`, anywhere."""
-        return [a for a in self.assignments if a.name == name]
-
 
 def single(statement: cst.CSTNode) -> Optional[cst.BaseSmallStatement]:
     """The one small statement of a simple statement line, else None."""
