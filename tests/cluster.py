@@ -28,10 +28,8 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-HOSTS = ("node0", "node1")
-ADDRESSES = {"node0": "10.213.77.1", "node1": "10.213.77.2"}
-PREFIX = 24
-IFACE = "eth0"
+from common.launch.simulated import ADDRESSES, HOSTS, IFACE, PREFIX, on_host
+
 NETNS_ETC = Path("/etc/netns")
 SSHD = "/usr/sbin/sshd"
 # Where the folder of the cluster that is up is recorded, so a later run can remove it.
@@ -48,13 +46,6 @@ def _sh(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.Comple
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()}")
     return proc
-
-
-def on_host(host: str, cmd: List[str]) -> List[str]:
-    """`cmd` as run on `host`: in its network namespace (with its /etc/hosts and /etc/ssh) and
-    under its host name. `ip netns exec` and `unshare` exec, so the pid is the command's own."""
-    return ["ip", "netns", "exec", host, "unshare", "--uts", "--",
-            "sh", "-c", f'hostname {host} && exec "$@"', "sh", *cmd]
 
 
 def _namespaces() -> List[str]:

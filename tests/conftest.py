@@ -59,7 +59,8 @@ def across_hosts(cluster, tmp_path_factory):
 # and first: together they take the longest.
 CLUSTER_MODULES = {"test_compare_hosts.py", "test_doctor.py", "test_launch_errors.py", "test_multinode.py",
                    "test_horovod_api_scale.py", "test_horovod_api_spark_cluster.py",
-                   "test_compare_sites.py", "test_slurm_and_schedule.py", "test_slurm_templates.py"}
+                   "test_shaped_link.py", "test_compare_sites.py", "test_slurm_and_schedule.py",
+                   "test_slurm_templates.py"}
 # Of those, the ones that use Slurm on the cluster go last: its daemons start with the first of them, and the
 # others take node1's link down and up, which Slurm answers by setting the node DOWN for a while.
 SLURM_MODULES = {"test_compare_sites.py", "test_slurm_and_schedule.py", "test_slurm_templates.py"}
