@@ -77,7 +77,8 @@ class JobFailed(RuntimeError):
     """A launched job exited non-zero or ran out of time; the message ends with its output."""
 
 
-def _check(result: launch.Result, timeout_s: float) -> launch.Result:
+def checked(result: launch.Result, timeout_s: float) -> launch.Result:
+    """`result`, or JobFailed where it ran out of time or exited non-zero."""
     if result.timed_out or result.returncode != 0:
         how = f"did not finish in {timeout_s:.0f} s" if result.timed_out else f"exited {result.returncode}"
         raise JobFailed(f"{how}: {' '.join(result.cmd)}\n" + result.output[-3000:])
@@ -87,7 +88,7 @@ def _check(result: launch.Result, timeout_s: float) -> launch.Result:
 def run_job(cmd: Sequence[str], log: Path, timeout_s: float, env: Env | None = None) -> float:
     """Run `cmd` from the repository root, output to `log`; the seconds it took. JobFailed when it fails or times
     out; on Ctrl-C the job and every rank it started are stopped."""
-    return _check(launch.run(cmd, timeout=timeout_s, env=job_env(env), cwd=REPO, log=log), timeout_s).seconds
+    return checked(launch.run(cmd, timeout=timeout_s, env=job_env(env), cwd=REPO, log=log), timeout_s).seconds
 
 
 def run_jobs_together(cmds: list[list[str]], logs: list[Path], timeout_s: float, env: Env | None = None) -> None:
@@ -137,7 +138,7 @@ class Workers:
                                 module=module, hosts=self.last_placement, port=self.port + self.jobs)
         self.jobs, self.last_command = self.jobs + 1, shown(commands)
         try:
-            _check(run_commands(cast(Dict[str, Sequence[str]], commands), self.timeout_s, env=job_env(env), cwd=REPO,
+            checked(run_commands(cast(Dict[str, Sequence[str]], commands), self.timeout_s, env=job_env(env), cwd=REPO,
                                 log=self.out / "logs" / f"{self.benchmark}-{tag}.log"), self.timeout_s)
             data = json.loads(result.read_text())
             result.unlink()

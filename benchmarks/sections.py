@@ -441,12 +441,40 @@ def engine_startup(result: Result) -> str:
           f"{r['to_fn_s']:.2f}", f"{r['to_first_step_s']:.2f}", f"{r['to_result_s']:.2f}"] for r in result["rows"]]))
 
 
+def link_speed(result: Result) -> str:
+    """Images/s per backend at every link setting (the median of the repeats; the loops' share of exposed
+    communication beside it), then the ratios the targets read."""
+    links = list(result["links"])
+    programs = sorted({c["program"] for c in result["cells"].values()}, key=lambda p: ("synthetic", "small-tensors",
+                                                                                     "loop").index(p))
+    parts = [f"2 ranks, one per host, 1 thread each; resnet18 at 224, batch {result['batch_size']} per rank, "
+             f"{result['steps']} timed steps; median of {result['repeats']} interleaved repeats:"]
+
+    def shown(cell: dict[str, Any] | None) -> str:
+        if cell is None:
+            return "–"
+        share = f" ({100 * cell['comm_frac']:.0f}% exposed)" if cell.get("comm_frac") is not None else ""
+        return f"{cell['median']:.1f}{share}"
+
+    for program in programs:
+        backends = sorted({c["backend"] for c in result["cells"].values() if c["program"] == program})
+        parts.append(f"**{program}**, images/s:\n\n" + table(
+            ["backend", *(result["links"][link]["shown"] for link in links)],
+            [[backend, *(shown(result["cells"].get(f"{program}-{backend}-{link}")) for link in links)]
+             for backend in backends]))
+    ratios = [f"{name}: {value:.3f}" for name, value in result["ratios"].items() if value is not None]
+    if ratios:
+        parts.append("Ratios of the medians: " + "; ".join(ratios) + ".")
+    return "\n\n".join(parts)
+
+
 #: a result's "benchmark" -> its section: (result, options from the placeholder) -> markdown
 SECTIONS: dict[str, Callable[..., str]] = {
     "allreduce": allreduce, "throughput": throughput, "loop_overhead": loop_overhead, "ddp_comm_hook": ddp_comm_hook,
     "probe_cost": probe_cost, "horovod_cycle": horovod_cycle, "stop_latency": stop_latency, "verdicts": verdicts,
     "exact_cost": exact_cost, "horovod_api": horovod_api, "horovod_suite": horovod_suite, "port_speed": port_speed,
-    "negotiation": negotiation, "port_exit": port_exit, "engine_startup": engine_startup}
+    "negotiation": negotiation, "port_exit": port_exit, "engine_startup": engine_startup,
+    "link_speed": link_speed}
 
 
 def section(result: Result, *options: str) -> str:
