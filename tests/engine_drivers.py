@@ -194,6 +194,18 @@ def write(folder: Path) -> None:
     (folder / "under_horovodrun.py").write_text(HOROVODRUN_SCRIPT)
 
 
+def horovodrun_reference(runs: Any, folder: Path) -> Dict[str, Any]:
+    """Rank 0's result of the drivers' train() under `horovodrun -np 2 --gloo`, real Horovod: run once per session
+    (the first module to ask runs it from its `folder`, where write() put the scripts; the others read it)."""
+    from launched import BIN, PY
+
+    out = runs.once("engine-reference", [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PY,
+                                         str(folder / "under_horovodrun.py"), str(folder / "spark_driver.py")],
+                    timeout=300).check()
+    line = next(x for x in out.output.splitlines() if "RESULT {" in x)
+    return json.loads(line.split("RESULT ", 1)[1])
+
+
 def alive(pid_dir: Path) -> List[int]:
     """The workers that wrote their pid in `pid_dir` and still run."""
     pids = [int(p.name) for p in pid_dir.iterdir()]

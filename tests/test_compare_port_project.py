@@ -2,8 +2,9 @@
 and a package whose modules use Horovod; it resumes from the newest checkpoint in its working directory), with the
 model's auxiliary head used on every other step (parameters without a gradient in some steps) and weight decay: the
 comparison ports the script's folder into its output, runs the Horovod codebase and the port each in a working
-directory of its own, and finds them bitwise identical at 2 ranks and equal within the noise floor at 3; no run
-failed, no run resumed from another's checkpoint, and the user's folder is left as it was."""
+directory of its own, and finds them equal within the noise floor at 3 ranks (2 ranks, where any correct pair is
+bitwise identical, is test_port_project's); no run failed, no run resumed from another's checkpoint, and the user's
+folder is left as it was."""
 
 from __future__ import annotations
 
@@ -28,13 +29,13 @@ def files_of(folder: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
-    """The comparison at 2 and 3 ranks, from the project's folder, its output outside it: (summary, output printed,
-    out, the folder's files before, after)."""
+    """The comparison at 3 ranks (where two correct implementations can differ), from the project's folder, its
+    output outside it: (summary, output printed, out, the folder's files before, after)."""
     here = tmp_path_factory.mktemp("compare_project")
     folder = write_project(here / "project")
     before = files_of(folder)
     out = here / "out"
-    result = compare_backends("--port", "train.py", "--zero-step", "keep", "--np", "2,3", "--hvd-controllers", "gloo",
+    result = compare_backends("--port", "train.py", "--zero-step", "keep", "--np", "3", "--hvd-controllers", "gloo",
                               "--repeats", "1", "--floor-runs", "2", "--out", out, "--", *ARGS, cwd=folder,
                               timeout=900)
     assert result.returncode == 0, result.output[-4000:]
@@ -48,11 +49,10 @@ def pair_at(summary: dict, np: int) -> dict:
     return pairs[0]
 
 
-def test_the_codebases_port_is_bitwise_identical_at_2_ranks_and_within_the_floor_at_3(compared):
+def test_the_codebases_port_is_within_the_floor_at_3_ranks(compared):
     summary, output, _, _, _ = compared
     assert "FAILED" not in output
-    at2, at3 = pair_at(summary, 2), pair_at(summary, 3)
-    assert at2["bitwise_identical"], at2
+    at3 = pair_at(summary, 3)
     assert at3["bitwise_identical"] or at3["within_noise_floor"] is True, at3
     assert at3["trains_differently_from"] is None and "beyond" not in at3["verdict"]
 
@@ -73,6 +73,5 @@ def test_no_run_resumed_from_what_another_wrote(compared):
         run_dir = Path(run["path"])
         events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         steps_per_run[(run["name"], run["world_size"])] = len([e for e in events if e["event"] == "step"])
-    # 192 samples, 16 a batch, 2 passes a step: 3 steps an epoch at 2 ranks, 2 at 3; 2 epochs from the start in
-    # every run
-    assert all(count == (6 if np == 2 else 4) for (_, np), count in steps_per_run.items()), steps_per_run
+    # 192 samples, 16 a batch, 2 passes a step: 2 steps an epoch at 3 ranks; 2 epochs from the start in every run
+    assert len(steps_per_run) >= 2 and set(steps_per_run.values()) == {4}, steps_per_run

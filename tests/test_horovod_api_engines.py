@@ -9,7 +9,6 @@ worker running."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -22,7 +21,7 @@ import pytest
 import engine_drivers
 from engine_drivers import ENGINE_ENV, alive, check_failure, results
 from ddp_train.port.__main__ import main as port_main
-from launched import BIN, PY, run_cmd
+from launched import PY, run_cmd
 from processes import Job
 from projects import block_horovod
 
@@ -51,12 +50,9 @@ def interrupted(folder: Path, args: List[str], hang_dir: Path) -> Dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def under_horovodrun(folder) -> Dict[str, Any]:
+def under_horovodrun(folder, runs) -> Dict[str, Any]:
     """Rank 0's result of the same train() under horovodrun -np 2 --gloo, real Horovod."""
-    out = run_cmd([str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PY,
-                   str(folder / "under_horovodrun.py"), str(folder / "spark_driver.py")], cwd=folder).check()
-    line = next(x for x in out.output.splitlines() if "RESULT {" in x)
-    return json.loads(line.split("RESULT ", 1)[1])
+    return engine_drivers.horovodrun_reference(runs, folder)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ line once start_timeout has passed."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import engine_drivers
 from cluster import on_host
 from engine_drivers import ENGINE_ENV, check_failure, results
-from launched import BIN, PY, REPO, job_env, run_cmd
+from launched import PY, REPO, job_env
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 
@@ -70,18 +69,16 @@ def spark_cluster(cluster, tmp_path_factory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def on_cluster(spark_cluster, cluster, tmp_path_factory) -> Dict:
+def on_cluster(spark_cluster, cluster, runs, tmp_path_factory) -> Dict:
     folder = tmp_path_factory.mktemp("cluster-driver")
     engine_drivers.write(folder)
-    reference = run_cmd([str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PY,
-                         str(folder / "under_horovodrun.py"), str(folder / "spark_driver.py")], cwd=folder).check()
-    line = next(x for x in reference.output.splitlines() if "RESULT {" in x)
+    reference = engine_drivers.horovodrun_reference(runs, folder)
     env = {**ENGINE_ENV, "SPARK_LOCAL_IP": cluster.addresses["node0"]}
     pids = folder / "pids"
     pids.mkdir()
     out = cluster.run("node0", [PY, "-m", "ddp_train.horovod_api", str(folder / "spark_driver.py"), spark_cluster, "2",
                                 str(pids)], timeout=600, env=env).check()
-    return {"reference": json.loads(line.split("RESULT ", 1)[1]), "found": results(out.output), "pids": pids}
+    return {"reference": reference, "found": results(out.output), "pids": pids}
 
 
 def test_spark_run_on_a_standalone_cluster_puts_one_rank_on_each_host(on_cluster):
