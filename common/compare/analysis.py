@@ -7,7 +7,7 @@ from itertools import combinations
 from typing import Any, Dict, List, Optional, Set
 
 from common.rundir.reader import Run, RunId
-from . import branches, gaps, reproducible, stats, trajectory
+from . import branches, forecast, gaps, reproducible, stats, trajectory
 from .floor import JUDGED, OUTCOME
 from .reproducible import Irreproducible
 from .results import Departure, ParityResult
@@ -325,7 +325,8 @@ def time_split_table(runs: List[Run]) -> List[Dict[str, Any]]:
     for run in runs:
         split = run.summary.get("time_split") or {}
         rows.append({"run": run.name, **{k: split.get(k) for k in
-                                          ("data_ms", "compute_ms", "comm_ms", "step_ms", "comm_frac")}})
+                                          ("data_ms", "compute_ms", "comm_ms", "step_ms", "comm_frac")},
+                     "forecast_ms": forecast.forecasts_ms(run.summary)})
     return rows
 
 

@@ -15,7 +15,7 @@ from common.config import is_exact
 from common.rundir.names import SUMMARY_FILE
 from common.rundir.reader import Run, setting_differences
 from common.rundir.writer import json_safe
-from . import analysis, benchmarks, causes, explain, floor, plots, reproducible, speed_plots, summary
+from . import analysis, benchmarks, causes, explain, floor, forecast, plots, reproducible, speed_plots, summary
 from .document import (Block, Bullets, Code, Figure, Paragraph, Quote, Section, Table, from_markdown, markdown,
                        render_html)
 from .reproducible import Irreproducible
@@ -289,10 +289,25 @@ def _speed(c: Comparison) -> List[Section]:
                    [[r["run"], _fmt(r["data_ms"], ".2f"), _fmt(r["compute_ms"], ".2f"), _fmt(r["comm_ms"], ".2f"),
                      _fmt(r["step_ms"], ".2f"), _fmt(100 * (r["comm_frac"] or 0), ".1f") + "%"]
                     for r in c.time_split]),
-             Figure(c.figures["time_split"], "where a step's time goes")]
+             Figure(c.figures["time_split"], "where a step's time goes"), *_forecast(c)]
     return [Section("Speed", blocks, anchor="speed"),
             Section("Throughput, run by run", tables, folded=True),
             Section("Where the time goes", split, folded=True)]
+
+
+def _forecast(c: Comparison) -> List[Block]:
+    """Each run's step time forecast on other links, from its own time split and reduced bytes."""
+    links = [link.describe() for link in forecast.REPORT_LINKS]
+    rows = [r for r in c.time_split if any(v is not None for v in (r.get("forecast_ms") or {}).values())]
+    if not rows:
+        return []
+    return [Paragraph("The step time each run would take on a link between hosts of another bandwidth, forecast from "
+                      "its own compute and exposed communication and the bytes it reduced per step: backward hides "
+                      "the ring allreduces up to two thirds of the compute, the rest is exposed "
+                      "(docs/comparing.md#a-forecast-for-another-link)."),
+            Table(["run", "step ms", *(f"at {link}" for link in links)],
+                  [[r["run"], _fmt(r["step_ms"], ".1f"), *(_fmt(r["forecast_ms"][link], ".1f") for link in links)]
+                   for r in rows])]
 
 
 def _failed(c: Comparison) -> Section:

@@ -1,0 +1,101 @@
+"""A backend's step time on another link, forecast from one measured run: the compute it measured, plus the
+communication that link would leave exposed.
+
+A step of a data-parallel run reduces its gradients (`reduced_bytes_per_step`, R) with ring allreduces: each of n
+ranks sends and receives 2(n-1)/n x R bytes, in 2(n-1) rounds per collective. On a link of bandwidth B and latency L
+that takes
+
+    wire = 2(n-1)/n x R x 8 / B  +  collectives x 2(n-1) x L
+
+Backward hides what it overlaps: gradients are reduced while the earlier layers still compute, so the window is
+backward's time, taken as BACKWARD_SHARE of the measured compute (backward costs about twice forward). What the window
+does not cover is exposed, and never less than the run measured:
+
+    step(link) = data + compute + max(exposed measured, wire(link) - window)
+
+The collectives per step: DDP's buckets (the first 1 MiB, the others 25 MiB), Horovod's fusion buffer (64 MiB) per
+cycle. A forecast says what the link would cost if nothing else changed; `benchmarks/link_speed.py` measures how far
+it lands on shaped links.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+#: the share of a step's compute that backward takes, and so the window that communication can hide behind
+BACKWARD_SHARE = 2 / 3
+#: bytes a collective carries at most: DDP's bucket (its first bucket 1 MiB), Horovod's fusion buffer
+DDP_BUCKET, DDP_FIRST_BUCKET, HOROVOD_FUSION = 25 * 2 ** 20, 2 ** 20, 64 * 2 ** 20
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link between hosts: bits per second, and seconds a message waits before its first byte arrives."""
+
+    bandwidth_bits: float
+    latency_s: float = 0.0
+
+    def describe(self) -> str:
+        """"1 Gbit/s", with the latency where it is not zero."""
+        rate = (f"{self.bandwidth_bits / 1e9:g} Gbit/s" if self.bandwidth_bits >= 1e9
+                else f"{self.bandwidth_bits / 1e6:g} Mbit/s")
+        return rate + (f", {self.latency_s * 1e6:g} µs" if self.latency_s else "")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one run measured per step (seconds), and what it reduced."""
+
+    world_size: int
+    reduced_bytes: int
+    data_s: float
+    compute_s: float
+    exposed_s: float
+    backend: str = "ddp"
+
+    @classmethod
+    def of(cls, summary: Dict[str, Any]) -> Optional["Measured"]:
+        """From a run's summary.json (its time split and reduced bytes); None where the run did not record them."""
+        split = summary.get("time_split") or {}
+        if summary.get("reduced_bytes_per_step") is None or split.get("compute_ms") is None:
+            return None
+        return cls(int(summary.get("world_size") or 1), int(summary["reduced_bytes_per_step"]),
+                   (split.get("data_ms") or 0.0) / 1e3, split["compute_ms"] / 1e3, (split.get("comm_ms") or 0.0) / 1e3,
+                   str(summary.get("backend") or "ddp"))
+
+
+def collectives(reduced_bytes: int, backend: str) -> int:
+    """How many collectives a step's gradients travel in: DDP's buckets, else Horovod's fused buffers."""
+    if reduced_bytes <= 0:
+        return 0
+    if backend == "ddp":
+        return 1 + math.ceil(max(reduced_bytes - DDP_FIRST_BUCKET, 0) / DDP_BUCKET)
+    return math.ceil(reduced_bytes / HOROVOD_FUSION)
+
+
+def wire_s(measured: Measured, link: Link) -> float:
+    """Seconds a step's ring allreduces take on `link`."""
+    n = measured.world_size
+    if n < 2:
+        return 0.0
+    volume = 2 * (n - 1) / n * measured.reduced_bytes * 8 / link.bandwidth_bits
+    return volume + collectives(measured.reduced_bytes, measured.backend) * 2 * (n - 1) * link.latency_s
+
+
+def step_s(measured: Measured, link: Link) -> float:
+    """The step time `link` would give: data and compute as measured, and what backward's window leaves exposed."""
+    exposed = max(measured.exposed_s, wire_s(measured, link) - BACKWARD_SHARE * measured.compute_s)
+    return measured.data_s + measured.compute_s + exposed
+
+
+#: the links the comparison's report forecasts every run's step time at
+REPORT_LINKS = (Link(10e9), Link(1e9))
+
+
+def forecasts_ms(summary: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    """A run's step time (ms) forecast at each of REPORT_LINKS, by the link's name; None where the run did not record
+    what a forecast needs."""
+    measured = Measured.of(summary)
+    return {link.describe(): (1e3 * step_s(measured, link) if measured else None) for link in REPORT_LINKS}
