@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from common import launch
+from common.compare import forecast
 from common.compare.arguments import csv_list
 from common.launch.hosts import DEFAULT_PORT
 from common.launch.link import SETTINGS, ShapingRefused, shaped
@@ -70,13 +71,15 @@ class Cell:
 
 
 @dataclass
-class Measured:
-    """What one run of a cell gave: images (samples) per second, and where the run records it, the share of its
-    steps spent waiting on communication after backward."""
+class Figures:
+    """What one run of a cell gave: images (samples) per second, and where the run records them (the loops), the
+    share of its steps spent waiting on communication after backward, its mean step and what a forecast reads."""
 
     img_s: float
     comm_frac: Optional[float] = None
     reduced_bytes_per_step: Optional[int] = None
+    step_ms: Optional[float] = None
+    summary: Optional[Dict[str, Any]] = None
 
 
 @dataclass
@@ -112,7 +115,7 @@ def script_commands(backend: str, script: str, args: Sequence[str], port: int) -
     return commands
 
 
-def measure(cell: Cell, plan: Plan, repeat: int, port: int) -> Measured:
+def measure(cell: Cell, plan: Plan, repeat: int, port: int) -> Figures:
     """Run one cell once (the link already set); JobFailed when it fails or prints no figure."""
     log = plan.logs / f"{PROG}-{cell.tag}-{repeat}.log"
     env: Dict[str, Optional[str]] = {"OMP_NUM_THREADS": "1"}
@@ -123,7 +126,7 @@ def measure(cell: Cell, plan: Plan, repeat: int, port: int) -> Measured:
         printed = TOTAL.findall(log.read_text())
         if not printed:
             raise JobFailed(f"printed no Total img/sec line ({shown(commands)})")
-        return Measured(float(printed[-1][1]))
+        return Figures(float(printed[-1][1]))
     launcher, module = LOOPS[cell.backend]
     run_dir = plan.logs / f"run-{cell.tag}-{repeat}"
     commands = commands_for(launch.get(launcher), 2, [*plan.loop_args, "--run-dir", str(run_dir.resolve())],
@@ -131,20 +134,40 @@ def measure(cell: Cell, plan: Plan, repeat: int, port: int) -> Measured:
     checked(run_commands(commands, plan.timeout, env=job_env(env), cwd=REPO, log=log), plan.timeout)
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     split = summary.get("time_split") or {}
-    return Measured(float(summary["samples_per_s"]), split.get("comm_frac"), summary.get("reduced_bytes_per_step"))
+    kept = {key: summary.get(key) for key in ("world_size", "backend", "reduced_bytes_per_step", "time_split")}
+    return Figures(float(summary["samples_per_s"]), split.get("comm_frac"), summary.get("reduced_bytes_per_step"),
+                   split.get("step_ms"), kept)
 
 
 def summarize(plan: Plan) -> Dict[str, Dict[str, Any]]:
-    """Per cell tag: its program, backend and link, every repeat, the median images/s and exposed share."""
+    """Per cell tag: its program, backend and link, every repeat, the median images/s and exposed share, and the
+    summary of the repeat at the median (what a forecast reads)."""
     table: Dict[str, Dict[str, Any]] = {}
     for tag, runs in plan.results.items():
         first = runs[0]
         shares = [r["comm_frac"] for r in runs if r["comm_frac"] is not None]
+        middle = sorted(runs, key=lambda r: r["img_s"])[(len(runs) - 1) // 2]
         table[tag] = {"program": first["program"], "backend": first["backend"], "link": first["link"],
                       "img_s": [r["img_s"] for r in runs], "median": statistics.median(r["img_s"] for r in runs),
                       "comm_frac": statistics.median(shares) if shares else None,
-                      "reduced_bytes_per_step": first["reduced_bytes_per_step"]}
+                      "reduced_bytes_per_step": first["reduced_bytes_per_step"], "step_ms": middle.get("step_ms"),
+                      "summary": middle.get("summary")}
     return table
+
+
+def forecasts(table: Dict[str, Dict[str, Any]], links: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """Per loop cell at a shaped link: its step time forecast from the same loop's unshaped run
+    (common.compare.forecast), the step it measured, and how far the forecast lands (forecast / measured - 1)."""
+    found: Dict[str, Dict[str, Any]] = {}
+    for tag, cell in table.items():
+        rate = SETTINGS[cell["link"]].rate_bits
+        base = table.get(f"{cell['program']}-{cell['backend']}-unshaped")
+        measured = forecast.Measured.of(base["summary"]) if base and base.get("summary") else None
+        if rate is None or measured is None or not cell.get("step_ms"):
+            continue
+        ms = 1e3 * forecast.step_s(measured, forecast.Link(rate))
+        found[tag] = {"forecast_ms": ms, "measured_ms": cell["step_ms"], "error": ms / cell["step_ms"] - 1}
+    return found
 
 
 def ratios(table: Dict[str, Dict[str, Any]], links: Sequence[str]) -> Dict[str, Optional[float]]:
@@ -291,9 +314,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     links = {name: {"rate_bits": SETTINGS[name].rate_bits, "shown": SETTINGS[name].describe()}
              for name in args.links}
     report = {**record.header(), "np": 2, "hosts": list(HOSTS), "threads_per_rank": 1, "model": "resnet18",
-                    "image_size": 224, "batch_size": args.batch_size, "steps": args.steps, "links": links,
-                    "repeats": args.repeats, "script_args": script_args, "loop_args": loop_args,
-                    "cells": table, "ratios": ratios(table, args.links), "failures": failures, "cores": cores()}
+              "image_size": 224, "batch_size": args.batch_size, "steps": args.steps, "links": links,
+              "repeats": args.repeats, "script_args": script_args, "loop_args": loop_args, "cells": table,
+              "ratios": ratios(table, args.links), "forecasts": forecasts(table, args.links), "failures": failures,
+              "cores": cores()}
     plot(report, args.out)
     return publish(report, args.out / f"{PROG}.json")
 

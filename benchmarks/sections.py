@@ -465,6 +465,14 @@ def link_speed(result: Result) -> str:
     ratios = [f"{name}: {value:.3f}" for name, value in result["ratios"].items() if value is not None]
     if ratios:
         parts.append("Ratios of the medians: " + "; ".join(ratios) + ".")
+    found = result.get("forecasts") or {}
+    if found:
+        parts.append("The step time forecast from each loop's unshaped run (common/compare/forecast.py) against the "
+                     "step measured at the shaped link:\n\n" + table(
+                         ["run", "link", "forecast ms", "measured ms", "off by"],
+                         [[f"{result['cells'][tag]['backend']}", result["links"][result["cells"][tag]["link"]]["shown"],
+                           f"{f['forecast_ms']:.0f}", f"{f['measured_ms']:.0f}", f"{100 * f['error']:+.0f}%"]
+                          for tag, f in found.items()]))
     return "\n\n".join(parts)
 
 

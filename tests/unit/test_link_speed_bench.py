@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks import link_speed
 from benchmarks.sections import section
 
@@ -17,7 +19,7 @@ def _plan(results: dict) -> link_speed.Plan:
 
 def _run(program: str, backend: str, link: str, img_s: float, comm: float | None = None) -> dict:
     return {"program": program, "backend": backend, "link": link, "img_s": img_s, "comm_frac": comm,
-            "reduced_bytes_per_step": 4096 if program == "loop" else None}
+            "reduced_bytes_per_step": 4096 if program == "loop" else None, "step_ms": None, "summary": None}
 
 
 def test_every_program_and_backend_at_every_link_link_by_link():
@@ -59,8 +61,24 @@ def test_the_section_gives_each_backend_at_each_link_and_the_ratios():
     table = link_speed.summarize(plan)
     links = {"unshaped": {"rate_bits": None, "shown": "unshaped"}, "1gbit": {"rate_bits": 1e9, "shown": "1 Gbit/s"}}
     result = {"benchmark": "link_speed", "batch_size": 16, "steps": 10, "repeats": 1, "links": links,
-              "cells": table, "ratios": link_speed.ratios(table, list(links)), "failures": []}
+              "cells": table, "ratios": link_speed.ratios(table, list(links)), "failures": [],
+              "forecasts": {"loop-ddp_train-1gbit": {"forecast_ms": 410.0, "measured_ms": 400.0, "error": 0.025}}}
     text = section(result)
     assert "| backend | unshaped | 1 Gbit/s |" in text
     assert "| ddp_train | 30.0 (5% exposed) | 20.0 (25% exposed) |" in text
     assert "| api | – | 12.5 |" in text and text.index("**synthetic**") < text.index("**loop**")
+    assert "| ddp_train | 1 Gbit/s | 410 | 400 | +2% |" in text
+
+
+def test_each_loop_is_forecast_at_the_shaped_links_from_its_unshaped_run():
+    summary = {"world_size": 2, "backend": "ddp", "reduced_bytes_per_step": 46_800_000,
+               "time_split": {"data_ms": 0.0, "compute_ms": 300.0, "comm_ms": 10.0, "step_ms": 310.0}}
+    plan = _plan({"loop-ddp_train-unshaped": [{**_run("loop", "ddp_train", "unshaped", 30.0, 0.03), "step_ms": 310.0,
+                                               "summary": summary}],
+                  "loop-ddp_train-1gbit": [{**_run("loop", "ddp_train", "1gbit", 20.0, 0.4), "step_ms": 500.0,
+                                            "summary": summary}],
+                  "loop-bare_ddp-1gbit": [_run("loop", "bare_ddp", "1gbit", 20.0)]})
+    found = link_speed.forecasts(link_speed.summarize(plan), ["unshaped", "1gbit"])
+    assert list(found) == ["loop-ddp_train-1gbit"]  # the unshaped run is the base; the bare loop has no split
+    assert found["loop-ddp_train-1gbit"]["forecast_ms"] == pytest.approx(300.0 + 374.4 - 200.0)
+    assert found["loop-ddp_train-1gbit"]["error"] == pytest.approx(474.4 / 500.0 - 1)
