@@ -473,6 +473,7 @@ def link_speed(result: Result) -> str:
                          [[f"{result['cells'][tag]['backend']}", result["links"][result["cells"][tag]["link"]]["shown"],
                            f"{f['forecast_ms']:.0f}", f"{f['measured_ms']:.0f}", f"{100 * f['error']:+.0f}%"]
                           for tag, f in found.items()]))
+    parts.append("![images/s against the link setting](benchmarks/results/link_speed.png)")
     return "\n\n".join(parts)
 
 
