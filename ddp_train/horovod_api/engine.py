@@ -16,6 +16,8 @@ import time
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Tuple
 
+import torch
+
 from . import execute
 from .dispatch import Dispatcher, Entry, fail
 from .engine_core import Counts, CycleStart, EngineCore, Failure, Run
@@ -149,6 +151,9 @@ class Engine:
 
     # --- the cycle thread --------------------------------------------------------------------------------------
     def _cycles(self) -> None:
+        # The collectives run outside autograd, as Horovod's C++ operations do (grad mode is per thread): a fused
+        # buffer filled from tensors that require grad (a grouped allreduce under autograd) is data, not a graph.
+        torch.set_grad_enabled(False)
         try:
             while self._cycle():
                 pass
