@@ -91,6 +91,9 @@ COLLECTIVES = textwrap.dedent('''
     leaf = torch.ones(2, requires_grad=True)
     hvd.broadcast(leaf, root_rank=0).sum().backward()
     got["broadcast_grad"] = leaf.grad.tolist()
+    leaves = [torch.ones(2, requires_grad=True), torch.ones(3, requires_grad=True)]  # fused in one buffer
+    sum(t.sum() for t in hvd.grouped_allreduce(leaves, op=hvd.Sum)).backward()
+    got["grouped_allreduce_grad"] = [t.grad.tolist() for t in leaves]
     # objects
     got["broadcast_object"] = hvd.broadcast_object({"from": r, "list": [1, 2]}, root_rank=2)
     got["allgather_object"] = hvd.allgather_object({"rank": r})
@@ -348,6 +351,7 @@ def test_collectives_backpropagate(collectives):
         assert got["allreduce_grad"] == [3.0] * 3
         assert got["allgather_grad"] == [[2.0, 2.0]] * (r + 1)
         assert got["broadcast_grad"] == ([1.0, 1.0] if r == 0 else [0.0, 0.0])
+        assert got["grouped_allreduce_grad"] == [[3.0] * 2, [3.0] * 3]
 
 
 def test_objects_process_sets_and_join(collectives):
