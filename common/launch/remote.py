@@ -160,7 +160,7 @@ def commands_for(launcher: Launcher, np: int, args: Sequence[str], *, python: st
     {host: command} for one started on every host (torchrun)."""
     cmd = launcher.command(np, args, module=module, python=python, hosts=hosts, port=port)
     if hosts and launcher.per_host:
-        return {host: cmd for host, _ in parse_hosts(hosts)}
+        return {host: list(cmd) for host, _ in parse_hosts(hosts)}  # a list each: a caller may edit one
     return {HERE: cmd}
 
 
