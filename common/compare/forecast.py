@@ -8,21 +8,27 @@ that takes
     wire = 2(n-1)/n x R x 8 / B  +  collectives x 2(n-1) x L
 
 Backward hides what it overlaps: gradients are reduced while the earlier layers still compute, so the window is
-backward's time, taken as BACKWARD_SHARE of the measured compute (backward costs about twice forward). What the window
-does not cover is exposed, and never less than the run measured:
+backward's time, taken as BACKWARD_SHARE of the measured compute (backward costs about twice forward), over which the
+gradients come at an even rate. What the link has not carried when the window ends is exposed:
 
-    step(link) = data + compute + max(exposed measured, wire(link) - window)
+- Horovod fuses, every cycle, whatever came since the last: the link is busy from the first gradient on, and what
+  is left when backward ends is wire - window.
+- DDP hands the link a bucket once its last gradient came (the first 1 MiB, the others 25 MiB, in backward's order),
+  one after the other: its last bucket starts only when backward ends, however fast the earlier ones went.
 
-The collectives per step: DDP's buckets (the first 1 MiB, the others 25 MiB), Horovod's fusion buffer (64 MiB) per
-cycle. A forecast says what the link would cost if nothing else changed; `benchmarks/link_speed.py` measures how far
-it lands on shaped links.
+and never less than the run measured:
+
+    step(link) = data + compute + max(exposed measured, exposed(link))
+
+A forecast says what the link would cost if nothing else changed; `benchmarks/link_speed.py` measures how far it lands
+on shaped links.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 #: the share of a step's compute that backward takes, and so the window that communication can hide behind
 BACKWARD_SHARE = 2 / 3
@@ -71,7 +77,7 @@ def collectives(reduced_bytes: int, backend: str) -> int:
     if reduced_bytes <= 0:
         return 0
     if backend == "ddp":
-        return 1 + math.ceil(max(reduced_bytes - DDP_FIRST_BUCKET, 0) / DDP_BUCKET)
+        return len(ddp_buckets(reduced_bytes))
     return math.ceil(reduced_bytes / HOROVOD_FUSION)
 
 
@@ -84,10 +90,37 @@ def wire_s(measured: Measured, link: Link) -> float:
     return volume + collectives(measured.reduced_bytes, measured.backend) * 2 * (n - 1) * link.latency_s
 
 
+def ddp_buckets(reduced_bytes: int) -> List[int]:
+    """The bytes of DDP's buckets in the order backward fills them: the first at most 1 MiB, then 25 MiB each, the
+    last what remains."""
+    sizes = [min(reduced_bytes, DDP_FIRST_BUCKET)] if reduced_bytes > 0 else []
+    rest = reduced_bytes - sum(sizes)
+    while rest > 0:
+        sizes.append(min(rest, DDP_BUCKET))
+        rest -= sizes[-1]
+    return sizes
+
+
+def exposed_s(measured: Measured, link: Link) -> float:
+    """Seconds of `link`'s communication that backward's window does not hide (see the module's text)."""
+    n = measured.world_size
+    window = BACKWARD_SHARE * measured.compute_s
+    if n < 2 or measured.reduced_bytes <= 0:
+        return 0.0
+    if measured.backend != "ddp":
+        return max(0.0, wire_s(measured, link) - window)
+    per_byte, rounds = 2 * (n - 1) / n * 8 / link.bandwidth_bits, 2 * (n - 1) * link.latency_s
+    done = came = 0.0
+    for size in ddp_buckets(measured.reduced_bytes):
+        came += size
+        ready = window * came / measured.reduced_bytes  # the bucket's last gradient
+        done = max(done, ready) + size * per_byte + rounds
+    return max(0.0, done - window)
+
+
 def step_s(measured: Measured, link: Link) -> float:
     """The step time `link` would give: data and compute as measured, and what backward's window leaves exposed."""
-    exposed = max(measured.exposed_s, wire_s(measured, link) - BACKWARD_SHARE * measured.compute_s)
-    return measured.data_s + measured.compute_s + exposed
+    return measured.data_s + measured.compute_s + max(measured.exposed_s, exposed_s(measured, link))
 
 
 #: the links the comparison's report forecasts every run's step time at

@@ -302,8 +302,9 @@ def _forecast(c: Comparison) -> List[Block]:
     if not rows:
         return []
     return [Paragraph("The step time each run would take on a link between hosts of another bandwidth, forecast from "
-                      "its own compute and exposed communication and the bytes it reduced per step: backward hides "
-                      "the ring allreduces up to two thirds of the compute, the rest is exposed "
+                      "its own compute and exposed communication and the bytes it reduced per step: backward (two "
+                      "thirds of the compute) hides the ring allreduces it overlaps; DDP's last bucket, which starts "
+                      "when backward ends, and what Horovod's link has left then are exposed "
                       "(docs/comparing.md#a-forecast-for-another-link)."),
             Table(["run", "step ms", *(f"at {link}" for link in links)],
                   [[r["run"], _fmt(r["step_ms"], ".1f"), *(_fmt(r["forecast_ms"][link], ".1f") for link in links)]
