@@ -45,6 +45,7 @@ from common.rundir.names import SUMMARY_FILE
 from .horovod_api import API_MODULE, SMALL_TENSORS_SCRIPT, TOTAL
 from .jobs import JobFailed, checked, add_out, add_timeout, job_env, parser, refuse, run_cli, run_job, schedule
 from .machine import REPO, Record, cores, figure_title, publish
+from .sections import LINK_TARGETS
 
 PROG = "link_speed"
 PLACEMENT = ",".join(f"{host}:1" for host in HOSTS)
@@ -140,32 +141,34 @@ def measure(cell: Cell, plan: Plan, repeat: int, port: int) -> Figures:
 
 
 def summarize(plan: Plan) -> Dict[str, Dict[str, Any]]:
-    """Per cell tag: its program, backend and link, every repeat, the median images/s and exposed share, and the
-    summary of the repeat at the median (what a forecast reads)."""
+    """Per cell tag: its program, backend and link, every repeat, the median images/s, exposed share and step, and
+    every repeat's summary (what a forecast reads)."""
     table: Dict[str, Dict[str, Any]] = {}
     for tag, runs in plan.results.items():
         first = runs[0]
         shares = [r["comm_frac"] for r in runs if r["comm_frac"] is not None]
-        middle = sorted(runs, key=lambda r: r["img_s"])[(len(runs) - 1) // 2]
+        steps = [r["step_ms"] for r in runs if r.get("step_ms")]
         table[tag] = {"program": first["program"], "backend": first["backend"], "link": first["link"],
                       "img_s": [r["img_s"] for r in runs], "median": statistics.median(r["img_s"] for r in runs),
                       "comm_frac": statistics.median(shares) if shares else None,
-                      "reduced_bytes_per_step": first["reduced_bytes_per_step"], "step_ms": middle.get("step_ms"),
-                      "summary": middle.get("summary")}
+                      "reduced_bytes_per_step": first["reduced_bytes_per_step"],
+                      "step_ms": statistics.median(steps) if steps else None,
+                      "summaries": [r["summary"] for r in runs if r.get("summary")]}
     return table
 
 
 def forecasts(table: Dict[str, Dict[str, Any]], links: Sequence[str]) -> Dict[str, Dict[str, Any]]:
-    """Per loop cell at a shaped link: its step time forecast from the same loop's unshaped run
-    (common.compare.forecast), the step it measured, and how far the forecast lands (forecast / measured - 1)."""
+    """Per loop cell at a shaped link: its step time forecast from the same loop's unshaped runs (the median of
+    each repeat's forecast, common.compare.forecast), its median step, and how far the forecast lands
+    (forecast / measured - 1)."""
     found: Dict[str, Dict[str, Any]] = {}
     for tag, cell in table.items():
         rate = SETTINGS[cell["link"]].rate_bits
-        base = table.get(f"{cell['program']}-{cell['backend']}-unshaped")
-        measured = forecast.Measured.of(base["summary"]) if base and base.get("summary") else None
-        if rate is None or measured is None or not cell.get("step_ms"):
+        base = table.get(f"{cell['program']}-{cell['backend']}-unshaped") or {}
+        measured = [m for m in map(forecast.Measured.of, base.get("summaries") or []) if m is not None]
+        if rate is None or not measured or not cell.get("step_ms"):
             continue
-        ms = 1e3 * forecast.step_s(measured, forecast.Link(rate))
+        ms = 1e3 * statistics.median(forecast.step_s(m, forecast.Link(rate)) for m in measured)
         found[tag] = {"forecast_ms": ms, "measured_ms": cell["step_ms"], "error": ms / cell["step_ms"] - 1}
     return found
 
@@ -173,10 +176,7 @@ def forecasts(table: Dict[str, Dict[str, Any]], links: Sequence[str]) -> Dict[st
 def ratios(table: Dict[str, Dict[str, Any]], links: Sequence[str]) -> Dict[str, Optional[float]]:
     """The ratios the targets read, at every link: the API over its port (synthetic, small-tensors), ddp_train over
     the bare loop, hvd_train over Horovod/Gloo's own benchmark (synthetic)."""
-    pairs = {"api/port synthetic": ("synthetic-api", "synthetic-port"),
-             "api/port small-tensors": ("small-tensors-api", "small-tensors-port"),
-             "ddp_train/bare_ddp": ("loop-ddp_train", "loop-bare_ddp"),
-             "hvd_train/horovod-gloo synthetic": ("loop-hvd_train", "synthetic-horovod-gloo")}
+    pairs = {**LINK_TARGETS, "api/port small-tensors": ("small-tensors-api", "small-tensors-port")}
     found: Dict[str, Optional[float]] = {}
     for link in links:
         for name, (a, b) in pairs.items():

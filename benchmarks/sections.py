@@ -441,10 +441,41 @@ def engine_startup(result: Result) -> str:
           f"{r['to_fn_s']:.2f}", f"{r['to_first_step_s']:.2f}", f"{r['to_result_s']:.2f}"] for r in result["rows"]]))
 
 
-def link_speed(result: Result) -> str:
+#: link_speed's targets: a ratio of two cells' images/s at 1 Gbit/s, and the least it may be
+LINK_TARGETS = {"api/port synthetic": ("synthetic-api", "synthetic-port"),
+                "ddp_train/bare_ddp": ("loop-ddp_train", "loop-bare_ddp"),
+                "hvd_train/horovod-gloo synthetic": ("loop-hvd_train", "synthetic-horovod-gloo")}
+LINK_TARGET_RATIO, LINK_TARGET_LINK, FORECAST_TARGET = 0.95, "1gbit", 0.15
+
+
+def link_targets(result: Result) -> list[list[str]]:
+    """Each target's rows: the ratio of the medians, each repeat's ratio (the runs of a repeat ran side by side), and
+    whether every repeat meets it (yes), none does (no), or they fall on both sides (undecided)."""
+    rows = []
+    for label, (top, bottom) in LINK_TARGETS.items():
+        a = result["cells"].get(f"{top}-{LINK_TARGET_LINK}")
+        b = result["cells"].get(f"{bottom}-{LINK_TARGET_LINK}")
+        if not a or not b:
+            continue
+        repeats = [x / y for x, y in zip(a["img_s"], b["img_s"], strict=False) if y]  # (a failed run shortens one side)
+        hits = [r >= LINK_TARGET_RATIO for r in repeats]
+        verdict = "yes" if all(hits) else "no" if not any(hits) else "undecided"
+        rows.append([f"{label}, {result['links'][LINK_TARGET_LINK]['shown']}", f">= {LINK_TARGET_RATIO}",
+                     f"{a['median'] / b['median']:.3f}", " ".join(f"{r:.3f}" for r in repeats), verdict])
+    found = result.get("forecasts") or {}
+    if found:
+        worst = max(abs(f["error"]) for f in found.values())
+        rows.append(["forecast against the measured step, every loop and link", f"within {FORECAST_TARGET:.0%}",
+                     f"at most {worst:.0%} off", "–", "yes" if worst <= FORECAST_TARGET else "no"])
+    return rows
+
+
+def link_speed(result: Result, *options: str) -> str:
     """Images/s per backend at every link setting (the median of the repeats; the loops' share of exposed
-    communication beside it), then the ratios the targets read."""
-    links = list(result["links"])
+    communication beside it), the ratios of the medians, the targets judged repeat by repeat, the forecasts, and
+    the plot (unless `no-plot`)."""
+    # unshaped first, then the fastest link to the slowest (the file keeps its keys sorted by name)
+    links = sorted(result["links"], key=lambda link: -(result["links"][link]["rate_bits"] or math.inf))
     programs = sorted({c["program"] for c in result["cells"].values()}, key=lambda p: ("synthetic", "small-tensors",
                                                                                      "loop").index(p))
     parts = [f"2 ranks, one per host, 1 thread each; resnet18 at 224, batch {result['batch_size']} per rank, "
@@ -473,7 +504,11 @@ def link_speed(result: Result) -> str:
                          [[f"{result['cells'][tag]['backend']}", result["links"][result["cells"][tag]["link"]]["shown"],
                            f"{f['forecast_ms']:.0f}", f"{f['measured_ms']:.0f}", f"{100 * f['error']:+.0f}%"]
                           for tag, f in found.items()]))
-    parts.append("![images/s against the link setting](benchmarks/results/link_speed.png)")
+    targets = link_targets(result)
+    if targets:
+        parts.append("The targets:\n\n" + table(["target", "must be", "medians", "per repeat", "met"], targets))
+    if "no-plot" not in options:
+        parts.append("![images/s against the link setting](benchmarks/results/link_speed.png)")
     return "\n\n".join(parts)
 
 
