@@ -1,6 +1,8 @@
 """examples/migrating: the Horovod script and its DDP translation, each launched as a user would
 (horovodrun --gloo, torchrun), train the digits above chance and, at 2 ranks, print the same bits.
-The factories they share (net.build, data.build) keep the contract of --model/--dataset plugins."""
+The Horovod run is the session's one (userscripts.example_under_horovodrun: the script run unchanged, then
+test_horovod_api_parity's Adam steps). The factories they share (net.build, data.build) keep the contract of
+--model/--dataset plugins."""
 
 from __future__ import annotations
 
@@ -12,11 +14,9 @@ from typing import Dict, List
 import pytest
 import torch
 
-from launched import REPO, Result, command, run_cmd
+from launched import Result, command, run_cmd
+from userscripts import EXAMPLE_ARGS, EXAMPLES as EXAMPLE, example_under_horovodrun
 
-EXAMPLE = REPO / "examples" / "migrating"
-# One epoch of 23 steps per rank: about 20 s per launch on two cores.
-ARGS = ["--epochs", "1", "--batch-size", "32", "--lr", "0.05", "--momentum", "0.9", "--seed", "42"]
 TEST_LINE = re.compile(r"Epoch (\d+) test set: Average loss: (\S+), Accuracy: (\S+)%")
 DIGEST_LINE = re.compile(r"Final weights sha256: ([0-9a-f]{64})")
 CHANCE = 10.0  # percent: ten classes
@@ -38,13 +38,13 @@ def printed(result: Result) -> Dict:
 
 
 @pytest.fixture(scope="module")
-def horovod_run() -> Result:
-    return run_cmd(script_command("horovodrun-gloo", EXAMPLE / "train_horovod.py", ARGS), timeout=120).check()
+def horovod_run(runs) -> Result:
+    return example_under_horovodrun(runs)
 
 
 @pytest.fixture(scope="module")
 def ddp_run() -> Result:
-    return run_cmd(script_command("torchrun", EXAMPLE / "train_ddp.py", ARGS), timeout=120).check()
+    return run_cmd(script_command("torchrun", EXAMPLE / "train_ddp.py", EXAMPLE_ARGS), timeout=120).check()
 
 
 @pytest.mark.parametrize("backend", ["horovod", "ddp"])

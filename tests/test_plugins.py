@@ -1,6 +1,7 @@
 """Your model, your data: --model package.module:function, --model torchvision:NAME and --dataset
 package.module:function, written by the test into a folder of its own and run from there, through the real
-launchers and the comparison; bad factories fail on every rank with one line and exit code 2."""
+launchers and the comparison; bad factories fail on every rank with one line and exit code 2 (the line of each
+refusal: tests/unit/test_user_factories.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import hashlib
 import json
 import re
 import shutil
-import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,112 +19,8 @@ import torch
 from common.launch import Job as LaunchedJob
 from launched import assert_every_rank_exited, command, compare, compare_in_process, job_env, read_run, run_cmd
 from common.rundir.names import SUMMARY_FILE
+from user_modules import BAD_FACTORIES, ON_EVERY_RANK, write_modules
 
-TOKENS = '''
-    """A token-sequence task: the class is the marker token that fills half of each sequence."""
-    import torch
-    from torch.utils.data import TensorDataset
-
-
-    def build(data_dir=None, seed=0, samples=192, length=12, vocab=24, classes=4):
-        gen = torch.Generator().manual_seed(seed)
-        x = torch.randint(classes, vocab, (samples, length), generator=gen)
-        y = torch.randint(classes, (samples,), generator=gen)
-        for i in range(samples):
-            x[i, torch.randperm(length, generator=gen)[:length // 3]] = y[i]
-        n_val = samples // 4
-        return TensorDataset(x[n_val:], y[n_val:]), TensorDataset(x[:n_val], y[:n_val])
-'''
-TRANSFORMER = '''
-    """A small transformer-style classifier over token sequences: embedding, encoder layers (attention,
-    LayerNorm, dropout), mean pooling, a linear head."""
-    import torch
-    from torch import nn
-
-
-    class Classifier(nn.Module):
-        def __init__(self, num_classes, length, vocab=24, width=32, heads=4, depth=1, dropout=0.1):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, width)
-            self.position = nn.Parameter(torch.zeros(length, width))
-            layer = nn.TransformerEncoderLayer(width, heads, 2 * width, dropout=dropout, batch_first=True)
-            self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
-            self.norm = nn.LayerNorm(width)
-            self.head = nn.Linear(width, num_classes)
-
-        def forward(self, tokens):
-            return self.head(self.norm(self.encoder(self.embed(tokens) + self.position).mean(dim=1)))
-
-
-    def build(num_classes, channels, image_size, **model_args):
-        return Classifier(num_classes, length=image_size, **model_args)
-'''
-BAD = '''
-    import torch
-    from torch import nn
-
-
-    def raises(**kwargs):
-        raise ValueError("depth must be positive")
-
-
-    def not_a_module(**kwargs):
-        return 3
-
-
-    def one_set(data_dir=None, seed=0):
-        return [torch.zeros(3)]
-
-
-    def float_labels(data_dir=None, seed=0):
-        data = [(torch.zeros(4), 0.5)] * 8
-        return data, data
-
-
-    class Sparse(nn.Module):
-        def __init__(self, num_classes):
-            super().__init__()
-            self.embed = nn.Embedding(10, 8, sparse=True)
-            self.head = nn.Linear(8, num_classes)
-
-        def forward(self, x):
-            return self.head(self.embed(x.flatten(1).long().clamp(0, 9)).mean(1))
-
-
-    def sparse(num_classes, channels, image_size):
-        return Sparse(num_classes)
-
-
-    class Spare(nn.Module):
-        def __init__(self, num_classes, size):
-            super().__init__()
-            self.head = nn.Linear(size, num_classes)
-            self.spare = nn.Linear(size, num_classes)
-
-        def forward(self, x):
-            return self.head(x.flatten(1))
-
-
-    def unused(num_classes, channels, image_size):
-        return Spare(num_classes, channels * image_size * image_size)
-'''
-#: case -> (arguments, what its one line says)
-BAD_FACTORIES = {
-    "module-missing": (["--model", "nosuch_module:build"], "cannot import 'nosuch_module': ModuleNotFoundError"),
-    "import-fails": (["--model", "broken:build"], "cannot import 'broken': ModuleNotFoundError: No module named "
-                                                  "'nonexistent_dependency' (at broken.py:1"),
-    "attribute-missing": (["--model", "transformer:biuld"], "has no 'biuld'; did you mean build?"),
-    "raises": (["--model", "bad:raises"], "raised ValueError: depth must be positive (at bad.py:6 in raises)"),
-    "not-a-module": (["--model", "bad:not_a_module"], "returned an int, not a torch.nn.Module"),
-    "not-two-datasets": (["--dataset", "bad:one_set"], "returned a list of 1; return (train, val)"),
-    "bad-sample": (["--dataset", "bad:float_labels"], "train[0]'s label is 0.5 (float); make it an int"),
-    "sparse-gradients": (["--model", "bad:sparse"], "get sparse gradients"),
-    "unused-parameters": (["--model", "bad:unused"], "parameters spare.weight, spare.bias get no gradient"),
-}
-#: Every bad factory is refused by open_inputs in Trainer.prepare, which each rank runs before any collective, through
-#: its one fail_usage. These two show that under torchrun, on every rank at once: the first refusal open_inputs makes
-#: (importing the model's factory) and the last (after the model's trial step); each other case runs in one process.
-ON_EVERY_RANK = ("module-missing", "unused-parameters")
 SHORT = ["--epochs", "2", "--optimizer", "adam", "--lr", "0.01", "--threads", "1"]
 PLUGINS = ["--model", "transformer:build", "--dataset", "tokens:build", "--model-arg", "depth=2"]
 
@@ -132,11 +28,7 @@ PLUGINS = ["--model", "transformer:build", "--dataset", "tokens:build", "--model
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     """A folder outside the project holding the user's modules; every command here runs from it."""
-    path = tmp_path_factory.mktemp("mine")
-    for name, text in (("tokens", TOKENS), ("transformer", TRANSFORMER), ("bad", BAD)):
-        (path / f"{name}.py").write_text(textwrap.dedent(text).lstrip())
-    (path / "broken.py").write_text("import nonexistent_dependency\n")
-    return path
+    return write_modules(tmp_path_factory.mktemp("mine"))
 
 
 def compared(folder: Path, out: Path, *args: str):
@@ -234,38 +126,30 @@ def run_torchrun_timing_ranks(args, cwd: Path):
 
 @pytest.fixture(scope="module")
 def bad_factory_jobs(folder, tmp_path_factory):
-    """Every bad factory, three jobs at a time (they mostly wait for processes that import torch and stop), each
-    timed on its own: ON_EVERY_RANK's under torchrun at 2 ranks, the others alone (none-ddp).
-    case -> (output, exit code, seconds, run dir)"""
+    """ON_EVERY_RANK's bad factories under torchrun at 2 ranks, at once (they mostly wait for processes that import
+    torch and stop), each timed on its own. case -> (output, exit code, seconds, run dir)"""
     def launch_case(case):
         run_dir = tmp_path_factory.mktemp(case) / "run"
-        args = [*BAD_FACTORIES[case][0], "--run-dir", str(run_dir)]
-        if case in ON_EVERY_RANK:
-            return (*run_torchrun_timing_ranks(args, folder), run_dir)
-        alone = run_cmd(command("none-ddp", 1, args), timeout=60, cwd=folder)
-        return alone.output, alone.returncode, alone.seconds, run_dir
+        return (*run_torchrun_timing_ranks([*BAD_FACTORIES[case][0], "--run-dir", str(run_dir)], folder), run_dir)
 
-    with ThreadPoolExecutor(3) as pool:
-        return dict(zip(BAD_FACTORIES, pool.map(launch_case, BAD_FACTORIES), strict=True))
+    with ThreadPoolExecutor(len(ON_EVERY_RANK)) as pool:
+        return dict(zip(ON_EVERY_RANK, pool.map(launch_case, ON_EVERY_RANK), strict=True))
 
 
-@pytest.mark.parametrize("case", list(BAD_FACTORIES))
+@pytest.mark.parametrize("case", ON_EVERY_RANK)
 def test_bad_factory_exits_2_on_every_rank_at_once_with_one_line(bad_factory_jobs, case):
-    """Each rank of ON_EVERY_RANK's torchrun jobs, or the one process of the others, prints one line naming the
-    problem and exits 2, within seconds, with no traceback of ours and no run directory."""
+    """Each rank prints one line naming the problem and exits 2, within seconds, with no traceback of ours and no
+    run directory."""
     _, expected = BAD_FACTORIES[case]
     output, code, seconds, run_dir = bad_factory_jobs[case]
     # The processes import torch and stop (seconds alone; more beside other tests on 2 cores): not a hang.
     assert seconds < 30, f"it took {seconds:.1f}s"
     errors = [line for line in output.splitlines() if "ddp_train: error: " in line]
-    if case in ON_EVERY_RANK:
-        assert code != 0
-        for rank in range(2):
-            mine = [line for line in errors if line.startswith(f"[rank {rank}] ")]
-            assert len(mine) == 1 and expected in mine[0], f"rank {rank}:\n{output[-3000:]}"
-        assert_every_rank_exited("torchrun", output, 2, 2)
-    else:
-        assert code == 2 and len(errors) == 1 and expected in errors[0], output[-3000:]
+    assert code != 0
+    for rank in range(2):
+        mine = [line for line in errors if line.startswith(f"[rank {rank}] ")]
+        assert len(mine) == 1 and expected in mine[0], f"rank {rank}:\n{output[-3000:]}"
+    assert_every_rank_exited("torchrun", output, 2, 2)
     assert not re.search(r'File ".*/(common|ddp_train|hvd_train)/', output)  # no traceback of ours
     assert not run_dir.exists()
 

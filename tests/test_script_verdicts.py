@@ -8,8 +8,9 @@
 - Horovod's fp16 compression with two backward passes per step against a DDP port that compresses every backward
   pass (fp16_compress_hook) is not beyond the floor at 3 ranks, whose disturbed runs round at float16; the same pair
   with another learning rate is;
-- a DDP script that keeps its model past destroy_process_group ends cleanly under the probe every time, and one that
-  raises after its first step still fails with its own traceback.
+- a DDP script that keeps its model past destroy_process_group ends cleanly under the probe every time (the unseeded
+  and the fp16 DDP scripts keep theirs: their five runs at 3 ranks), and one that raises after its first step still
+  fails with its own traceback.
 """
 
 from __future__ import annotations
@@ -50,18 +51,19 @@ DDP_FP16 = (("import torch.distributed as dist\n", "import torch.distributed as 
              "from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook\n"),
             ("model = DDP(model)\n", "model = DDP(model)\n    model.register_comm_hook(None, fp16_compress_hook)\n"))
 FP16_ARGS = ["--epochs", "2", "--batch-size", "24"]
+UNSEEDED_ARGS = ["--epochs", "1", "--batch-size", "64"]
+#: DDP keeps the model past the process group (the example deletes it first): teardown may abort
+KEEPS_MODEL = (("    del model\n    gc.collect()\n    dist.destroy_process_group()\n",
+                "    dist.destroy_process_group()\n    return model\n"),
+               ("    main(parser.parse_args())", "    kept = main(parser.parse_args())"))
 
 SCRIPTS = {
     "unseeded_horovod.py": ("train_horovod.py", (SEEDS_NOTHING,)),
-    "unseeded_ddp.py": ("train_ddp.py", (SEEDS_NOTHING,)),
+    "unseeded_ddp.py": ("train_ddp.py", (SEEDS_NOTHING, *KEEPS_MODEL)),
     "fp16_horovod.py": ("train_horovod.py", (ACCUMULATING, HOROVOD_FP16)),
-    "fp16_ddp.py": ("train_ddp.py", (ACCUMULATING, *DDP_FP16)),
+    "fp16_ddp.py": ("train_ddp.py", (ACCUMULATING, *DDP_FP16, *KEEPS_MODEL)),
     "fp16_horovod_lr.py": ("train_horovod.py", (ACCUMULATING, HOROVOD_FP16,
                                                 ("lr=args.lr * hvd.size()", "lr=args.lr * hvd.size() * 1.5"))),
-    # DDP keeps the model past the process group (the example deletes it first): teardown may abort
-    "keeps_model.py": ("train_ddp.py", (("    del model\n    gc.collect()\n    dist.destroy_process_group()\n",
-                                         "    dist.destroy_process_group()\n    return model\n"),
-                                        ("    main(parser.parse_args())", "    kept = main(parser.parse_args())"))),
     "raises.py": ("train_ddp.py", (("            optimizer.step()\n",
                                     "            optimizer.step()\n"
                                     "            raise RuntimeError('the script fails after its first step')\n"),)),
@@ -78,8 +80,7 @@ def unseeded(folder):
     """The unseeded Horovod script and its unseeded port compared at 3 ranks: (exit code, output, summary, report)."""
     out = folder / "unseeded"
     result = compare("--scripts", "unseeded_horovod.py", "unseeded_ddp.py", "--np", "3", "--hvd-controllers", "gloo",
-                     "--repeats", "1", "--floor-runs", "1", "--out", out, "--", "--epochs", "1", "--batch-size", "64",
-                     cwd=folder)
+                     "--repeats", "1", "--floor-runs", "1", "--out", out, "--", *UNSEEDED_ARGS, cwd=folder)
     summary = json.loads((out / SUMMARY_FILE).read_text())
     return result.returncode, result.output, summary, (out / "report.md").read_text()
 
@@ -173,16 +174,21 @@ def test_another_learning_rate_under_fp16_compression_is_still_beyond(folder, fp
     assert "factor, 1:" not in pair["verdict"] and "factor, 1.0" not in pair["verdict"]
 
 
-def test_a_script_that_keeps_its_model_past_the_process_group_ends_cleanly(folder):
+def test_a_script_that_keeps_its_model_past_the_process_group_ends_cleanly(unseeded, fp16):
     """Left to the interpreter's teardown, DDP's reducer can outlive its process group and abort a rank whose run is
-    complete; the probe ends a finished script without that teardown, so every run ends 0 with its run directory."""
-    for attempt in range(3):
-        run_dir = probe_run(folder, "torchrun", "keeps_model.py", np=3, script_args=["--epochs", "1",
-                                                                                     "--batch-size", "64"],
-                            name=f"keeps-{attempt}")
-        run = read_run(run_dir)
-        assert run["summary"]["steps"] == 8 and run["config"]["script"]["argv"] == ["--epochs", "1", "--batch-size",
-                                                                                   "64"]
+    complete (at 3 ranks or more); the probe ends a finished script without that teardown, so every run ends 0 with
+    its run directory: the DDP runs of the unseeded and the fp16 comparisons, whose scripts keep their model."""
+    _, _, unseeded_summary, _ = unseeded
+    _, fp16_summary = fp16
+    ended = []
+    for summary, argv, steps in ((unseeded_summary, UNSEEDED_ARGS, 8), (fp16_summary, FP16_ARGS, 20)):
+        assert not summary["failures"], summary["failures"]
+        for record in summary["runs"]:
+            if record["name"].startswith("ddp"):
+                run = read_run(record["path"])
+                assert run["summary"]["steps"] == steps and run["config"]["script"]["argv"] == argv, record["name"]
+                ended.append(record["name"])
+    assert len(ended) == 5, ended  # each comparison's DDP run and its floor's disturbed runs (one, two)
 
 
 def test_a_script_that_fails_still_fails_with_its_own_traceback(folder):
