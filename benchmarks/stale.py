@@ -87,6 +87,20 @@ def run_all_steps(mode: str = "full") -> dict[str, str]:
     return steps
 
 
+def known(revision: str) -> bool:
+    """Whether `revision` is a commit of this checkout's history. A shallow clone cannot tell: it refuses."""
+    found = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{revision}^{{commit}}"],
+                           capture_output=True, text=True, timeout=30)
+    if found.returncode == 0:
+        return True
+    shallow = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"],
+                             capture_output=True, text=True, timeout=30)
+    if shallow.stdout.strip() != "false":
+        raise RuntimeError(f"git cannot find {revision[:12]} in this checkout; "
+                           "the check needs the project's git history (a full clone)")
+    return False
+
+
 def changed_since(revision: str, paths: Sequence[str]) -> list[str]:
     """Which of `paths` differ between `revision` and the files here now (committed or not)."""
     diff = subprocess.run(["git", "-C", str(REPO), "diff", "--name-only", revision, "--", *paths],
@@ -107,6 +121,8 @@ def why_stale(name: str, result: dict[str, Any], commands: dict[str, str]) -> st
         return "no step of run_all.sh writes it"
     if result.get("command") != commands[name]:
         return "its step in run_all.sh runs another command now"
+    if not known(revision):
+        return "it was measured at a revision this history does not hold"
     changed = changed_since(revision, sorted(closure(f"benchmarks.{Path(name).stem}") | set(training_inputs())))
     more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
     return f"changed since: {', '.join(changed[:3])}{more}" if changed else None

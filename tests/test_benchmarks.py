@@ -281,7 +281,8 @@ def test_stale_says_which_results_to_measure_again_and_why(tmp_path):
     for name, revision, command in (("throughput.json", head, steps["throughput.json"]),
                                     ("stop_latency.json", head, steps["stop_latency.json"]),
                                     ("exact_cost.json", head, steps["exact_cost.json"] + " --steps 1"),
-                                    ("verdicts.json", head + "-dirty", steps["verdicts.json"])):
+                                    ("verdicts.json", head + "-dirty", steps["verdicts.json"]),
+                                    ("loop_overhead.json", "f" * 40, steps["loop_overhead.json"])):
         (results / name).parent.mkdir(parents=True, exist_ok=True)
         (results / name).write_text(json.dumps({"benchmark": Path(name).stem, "command": command,
                                                 "machine": {"versions": {"project_git": revision}}}))
@@ -299,6 +300,7 @@ def test_stale_says_which_results_to_measure_again_and_why(tmp_path):
     assert now["exact_cost.json"].startswith("stale, its step in run_all.sh runs another command now")
     assert now["verdicts.json"].startswith("stale, it was measured on uncommitted code")
     assert now["probe_cost.json"] == "stale, not measured yet"
+    assert now["loop_overhead.json"].startswith("stale, it was measured at a revision this history does not hold")
     # A document or how results are shown changes nothing; a benchmark's script makes its results stale; the
     # training makes every one stale.
     for shown in ("README.md", "benchmarks/sections.py"):
