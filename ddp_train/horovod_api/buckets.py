@@ -1,10 +1,12 @@
 """A DistributedOptimizer's gradients asked for by bucket after its first step, as DDP's reducer does: the
 parameters in buckets of consecutive parameters in the reverse of their order (the order backward produces their
-gradients), the first bucket at most 1 MiB so that communication starts early, the others at most 25 MiB (DDP's
-defaults) or HOROVOD_FUSION_THRESHOLD where it is smaller. A bucket's gradients travel as one flat tensor, one
-request, once all of them are ready: the same sums, element by element, as the tensors fused one by one, for a
-fraction of the per-tensor work. Every rank forms its buckets itself; the first step checks that every rank formed
-the same ones (a digest, agreed by one allreduce), and where they differ the gradients stay one request each."""
+gradients), each closed once it holds 1 MiB (the first, so that communication starts early) or 25 MiB (the others;
+DDP's defaults, or HOROVOD_FUSION_THRESHOLD where it is smaller). As in DDP, the gradient that reaches the size goes
+in, so only the last bucket is smaller: that bucket is complete only when backward ends, and nothing hides its
+reduction. A bucket's gradients travel as one flat tensor, one request, once all of them are ready: the same sums,
+element by element, as the tensors fused one by one, for a fraction of the per-tensor work. Every rank forms its
+buckets itself; the first step checks that every rank formed the same ones (a digest, agreed by one allreduce), and
+where they differ the gradients stay one request each."""
 
 from __future__ import annotations
 
@@ -30,19 +32,22 @@ class Slot:
 
 
 def layout(slots: Sequence[Slot], cap: int, first_cap: int = FIRST_BUCKET_BYTES) -> List[List[int]]:
-    """The buckets of `slots` (given in backward's order): consecutive runs of one kind, each at most `cap` bytes
-    (the first at most `first_cap`), a parameter larger than the cap alone; the slots' indices."""
+    """The buckets of `slots` (given in backward's order) by DDP's rule: consecutive runs of one kind, each closed
+    once it holds at least `cap` bytes (the first, `first_cap`), the slot that reaches the size included; the slots'
+    indices."""
     buckets: List[List[int]] = []
     current: List[int] = []
     size, kind = 0, None
     for slot in slots:
-        limit = first_cap if not buckets else cap
-        if current and (slot.kind != kind or size + slot.nbytes > limit):
+        if current and slot.kind != kind:
             buckets.append(current)
             current, size = [], 0
         current.append(slot.index)
         size += slot.nbytes
         kind = slot.kind
+        if size >= (first_cap if not buckets else cap):
+            buckets.append(current)
+            current, size = [], 0
     if current:
         buckets.append(current)
     return buckets

@@ -10,17 +10,22 @@ F32 = (torch.float32, "cpu")
 F16 = (torch.float16, "cpu")
 
 
-def test_a_small_first_bucket_then_buckets_up_to_the_cap_in_backwards_order():
+def test_a_small_first_bucket_then_buckets_closed_at_the_cap_in_backwards_order():
     mib = 2 ** 20
     slots = [Slot(i, mib // 2, F32) for i in range(8)]
     assert layout(slots, cap=2 * mib, first_cap=mib) == [[0, 1], [2, 3, 4, 5], [6, 7]]
+    # As DDP's reducer: the gradient that reaches the size goes in, so only the last bucket is smaller. (resnet18's
+    # fc.bias, fc.weight: 4 KB then 2 MB make a first bucket of 2 MB, not fc.bias alone.)
+    uneven = [Slot(0, 4096, F32), Slot(1, 2 * mib, F32), Slot(2, mib, F32), Slot(3, 3 * mib, F32), Slot(4, mib, F32)]
+    assert layout(uneven, cap=3 * mib, first_cap=mib) == [[0, 1], [2, 3], [4]]
     # DDP's defaults: 1 MiB first, 25 MiB after
     assert FIRST_BUCKET_BYTES == mib and BUCKET_BYTES == 25 * mib
 
 
-def test_a_gradient_larger_than_the_cap_is_a_bucket_alone_and_a_type_change_starts_a_bucket():
+def test_a_gradient_larger_than_the_cap_closes_its_bucket_and_a_type_change_starts_a_bucket():
     slots = [Slot(0, 10, F32), Slot(1, 500, F32), Slot(2, 10, F32), Slot(3, 10, F16), Slot(4, 10, F16)]
-    assert layout(slots, cap=100, first_cap=100) == [[0], [1], [2], [3, 4]]
+    assert layout(slots, cap=100, first_cap=100) == [[0, 1], [2], [3, 4]]
+    assert layout([Slot(0, 500, F32), Slot(1, 10, F32)], cap=100, first_cap=100) == [[0], [1]]
     assert layout([], cap=100) == []
 
 
