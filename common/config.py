@@ -225,10 +225,11 @@ class Config:
     # tuning
     compression: str = option("none", "tuning", "gradients sent as float16: Horovod's Compression.fp16, DDP's "
                                                 "fp16_compress_hook", choices=COMPRESSIONS)
-    bucket_mb: float = option(25.0, "tuning", "MB of gradients reduced together: DDP's bucket_cap_mb (its default is "
-                                              "25); Horovod's fusion threshold HOROVOD_FUSION_THRESHOLD (its own "
-                                              "default is 128 MB; this flag wins over the variable); with --reduction "
-                                              "exact, the least MB of whole tensors in one integer allreduce",
+    bucket_mb: float = option(25.0, "tuning", "MB of gradients reduced together: DDP's bucket_cap_mb (at its default, "
+                                              "25, DDP keeps its first bucket of 1 MiB); Horovod's fusion threshold "
+                                              "HOROVOD_FUSION_THRESHOLD (its own default is 128 MB; this flag wins "
+                                              "over the variable); with --reduction exact, the least MB of whole "
+                                              "tensors in one integer allreduce",
                               parse=positive_float, metavar="MB")
     accumulate: int = option(1, "tuning", "micro-batches per optimizer step (gradient accumulation; each "
                                           "micro-batch's loss counts 1/K); a step is one optimizer step and an epoch's "

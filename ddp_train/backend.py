@@ -68,6 +68,16 @@ def buffers_not_synced_each_forward(ddp_init) -> dict:
 HOOK_DIVIDES = {"allreduce_hook": "before_sum", "fp16_compress_hook": "before_sum"}
 
 
+#: DDP's own bucket_cap_mb when none is given
+DDP_DEFAULT_BUCKET_MB = 25.0
+
+
+def ddp_bucket_cap_mb(bucket_mb: float) -> Optional[float]:
+    """What DDP is given for --bucket-mb: nothing at DDP's default size, so that DDP keeps its own layout (a first
+    bucket of 1 MiB, for communication to start early, then 25 MiB ones); a size DDP is given applies to its first
+    bucket too."""
+    return None if bucket_mb == DDP_DEFAULT_BUCKET_MB else bucket_mb
+
 class DDPBackend(Backend):
     """torch.distributed with gloo on CPU and NCCL on GPU, DistributedDataParallel for gradients."""
 
@@ -219,7 +229,8 @@ class DDPBackend(Backend):
         buffers = buffers_not_synced_each_forward(DDP.__init__)
         if "broadcast_buffers" in buffers:  # this torch's DDP leaves them out of its sync at wrap too
             self.broadcast_buffers(model)
-        ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=self.tuning.config.bucket_mb, **buffers)
+        cap_mb = ddp_bucket_cap_mb(self.tuning.config.bucket_mb)
+        ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=cap_mb, **buffers)
         reduce = (default_hooks.fp16_compress_hook if self.tuning.config.compression == "fp16"
                   else default_hooks.allreduce_hook)
 
@@ -233,6 +244,8 @@ class DDPBackend(Backend):
         self._ddp = ddp
         logged = ddp._get_ddp_logging_data()  # DDP's own record of its reducer: its bucket cap, its hook
         self._ddp_built = {"bucket_cap_bytes": logged.get("bucket_cap_bytes"),
+                           # (torch 2.14's DDP keeps its first bucket's cap here, not in its logging data)
+                           "first_bucket_cap_bytes": ddp._bucket_config.first_bucket_bytes_cap,
                            "comm_hook": logged.get("comm_hook"),
                            "hook_averages_with": reduce.__name__,
                            "buffers_keyword": next(iter(buffers))}

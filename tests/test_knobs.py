@@ -44,14 +44,18 @@ def test_knobs_keep_world_size_2_parity(runs):
 
 
 def test_bucket_size_reaches_both_backends(runs):
-    """What each backend got, as it reports it: DDP's own logging data (its reducer's bucket cap),
+    """What each backend got, as it reports it: DDP's own record of its reducer's bucket caps,
     and the HOROVOD_FUSION_THRESHOLD this process handed Horovod at init; not the option they were given."""
     ddp, hvd = knobs(runs, "torchrun").run["config"], knobs(runs, "horovodrun-gloo").run["config"]
     small = int(0.001 * 1024 * 1024)
     assert ddp["backend"]["ddp_built"]["bucket_cap_bytes"] == small
+    assert ddp["backend"]["ddp_built"]["first_bucket_cap_bytes"] == small  # a size DDP is given caps its first too
     assert hvd["backend"]["fusion_threshold_env"] == str(small)
     # The default matches DDP's own: 25 MB on both.
-    assert mlp_run(runs, "torchrun").run["config"]["backend"]["ddp_built"]["bucket_cap_bytes"] == 25 * 1024 * 1024
+    built = mlp_run(runs, "torchrun").run["config"]["backend"]["ddp_built"]
+    assert built["bucket_cap_bytes"] == 25 * 1024 * 1024
+    # At the default DDP is given nothing, so it keeps its own small first bucket (communication starts early).
+    assert built["first_bucket_cap_bytes"] == 1024 * 1024
     assert mlp_run(runs, "horovodrun-gloo").run["config"]["backend"]["fusion_threshold_env"] == str(25 * 1024 * 1024)
 
 
