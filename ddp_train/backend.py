@@ -78,6 +78,7 @@ def ddp_bucket_cap_mb(bucket_mb: float) -> Optional[float]:
     bucket too."""
     return None if bucket_mb == DDP_DEFAULT_BUCKET_MB else bucket_mb
 
+
 class DDPBackend(Backend):
     """torch.distributed with gloo on CPU and NCCL on GPU, DistributedDataParallel for gradients."""
 
