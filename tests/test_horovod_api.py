@@ -237,6 +237,24 @@ COLLECTIVES = textwrap.dedent('''
                                          for p, e in zip(net5.parameters(), every5)))
         with opt5.skip_synchronize():
             opt5.step()
+    # its last bucket (here its only one) is read when the backward that reached all of its gradients ends: a
+    # change after backward is overwritten by the average; where that backward left some out (a checkpoint's inner
+    # backward, which leaves the first layer to the outer one), it is read at synchronize() and the change counts
+    got["bucket_read"] = []
+    for inner in (False, True):
+        opt5.zero_grad()
+        if inner:
+            head = torch.utils.checkpoint.checkpoint(net5[2], net5[1](net5[0](x5)), use_reentrant=True)
+            F.mse_loss(head, t5).backward()
+        else:
+            F.mse_loss(net5(x5), t5).backward()
+        for q in net5.parameters():
+            q.grad.add_(1000.0)
+        opt5.synchronize()
+        sizes = [q.grad.abs() for q in net5.parameters()]
+        got["bucket_read"].append([max(float(g.max()) for g in sizes), min(float(g.min()) for g in sizes)])
+        with opt5.skip_synchronize():
+            opt5.step()
     opt5.zero_grad()
     F.mse_loss(net5(x5), t5).backward()
     got["bucket_zero_grad_refused"] = errors(lambda: opt5.zero_grad())
@@ -407,6 +425,8 @@ def test_distributed_optimizer(collectives):
         assert got["sparse_weights_agree"] == 0.0
         # by bucket: the same averages, zeros where a rank computed no gradient, the same refusals
         assert max(got["bucket_average"]) < 1e-6
+        at_backward_end, at_synchronize = got["bucket_read"]
+        assert at_backward_end[0] < 100 and at_synchronize[1] > 900
         assert "zero_grad() was called after loss.backward()" in got["bucket_zero_grad_refused"][1]
         assert got["bucket_twice"][0] == "AssertionError"
         assert "more than backward_passes_per_step times" in got["bucket_twice"][1]

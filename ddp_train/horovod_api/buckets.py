@@ -71,7 +71,8 @@ class Bucket:
         self.delays = [passes] * len(params)
         self.arrived = 0
         self.checked = False  # every rank's request of it was matched once
-        self.hooked = True  # every member's gradient is counted as it comes (else: asked for at synchronize())
+        self.hooked = True  # every member's gradient is counted as it comes (else: asked for when backward ends)
+        self.accumulators: List[Any] = []  # unhooked: the members' gradient accumulators (autograd nodes)
         self.grads: List[torch.Tensor] = []  # the gradients flat() read, which scatter() writes
         first = params[0]
         self.buffer = torch.empty(sum(p.numel() for p in params), dtype=first.dtype, device=first.device)

@@ -38,6 +38,13 @@ def split_list(items: Sequence[Any], parts: int) -> List[List[Any]]:
     return [list(items[i * share + min(i, extra):(i + 1) * share + min(i + 1, extra)]) for i in range(parts)]
 
 
+def grad_accumulator(p: torch.Tensor) -> Any:
+    """The autograd node that accumulates a leaf's gradient (held, it stays the node every forward uses)."""
+    node = p.view_as(p).grad_fn
+    assert node is not None  # (a parameter that requires grad)
+    return node.next_functions[0][0]
+
+
 def _duplicates(names: Sequence[str]) -> Set[str]:
     seen: Set[str] = set()
     return {name for name in names if name in seen or seen.add(name)}  # type: ignore[func-returns-value]
@@ -226,10 +233,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         bucketed = {id(p) for bucket in self._buckets for p in bucket.params}
         self._unbucketed = {p for p in self._requires_update if id(p) not in bucketed}
         if self._buckets and self._buckets[-1].params[-1] is ordered[-1]:
-            # Backward's last bucket is complete when backward ends, just before step() asks for it: reduced then,
+            # Backward's last bucket is complete when backward ends: its reduction starts then (_backward_ended), and
             # its gradients need no hook each; one stays, for Horovod's checks of the passes and of zero_grad().
             last = self._buckets[-1]
             last.hooked = False
+            last.accumulators = [grad_accumulator(p) for p in last.params]
             for member in last.params[1:]:
                 self._grad_accs.pop(id(member)).remove()
 
@@ -246,13 +254,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if delays[index] <= 0:
             raise AssertionError(TOO_MANY_PASSES)
         delays[index] -= 1
-        if delays[index] == 0 and bucket.hooked:
-            bucket.arrived += 1
-            if bucket.arrived == len(delays):
-                self._keep(self._allreduce_bucket_async(bucket))
-                return
+        if delays[index] == 0:
+            if bucket.hooked:
+                bucket.arrived += 1
+                if bucket.arrived == len(delays):
+                    self._keep(self._allreduce_bucket_async(bucket))
+                    return
+            elif all(map(torch._C._will_engine_execute_node, bucket.accumulators)):
+                # This backward reaches every member (not a skipped branch, nor a checkpoint's inner backward that
+                # leaves some to the outer one): all of their gradients are in when it ends.
+                torch.autograd.Variable._execution_engine.queue_callback(partial(self._backward_ended, bucket))
         if bucket.name not in self._handles:
             self._keep(Reduction(bucket.name, (), bucket=bucket))  # begun
+
+    def _backward_ended(self, bucket: Bucket) -> None:
+        """The backward that reached every member of an unhooked bucket ended: its reduction starts (else step()
+        starts it)."""
+        begun = self._handles.get(bucket.name)
+        if begun is not None and begun.wait is None and runtime.generation() == self._buckets_gen:
+            self._keep(self._allreduce_bucket_async(bucket))
 
     def _allreduce_bucket_async(self, bucket: Bucket) -> Reduction:
         compressed, ctx = self._compression.compress(bucket.flat())
