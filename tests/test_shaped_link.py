@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from common import launch as launch_layer
 from launched import PY, REPO, command_on_hosts, read_run
 from settings import ACROSS_HOSTS
 from common.launch.link import SETTINGS, End, LinkSetting, bucket_options, root_queue, sent_bytes, shaped
@@ -44,6 +45,64 @@ def test_a_run_across_hosts_goes_through_the_buckets_and_the_link_is_clean_after
     assert read_run(run_dir)["summary"]["steps"] == 10
     assert all(bytes_ > 1_000_000 for bytes_ in sent), f"the run's traffic did not go through both buckets: {sent}"
     assert all(count > 0 for count in held), f"no bucket held a packet back at {SLOW.describe()}: {held}"
+    assert [root_queue(end) for end in ENDS] == ["noqueue", "noqueue"]
+
+
+#: a user's DDP script and its Horovod twin: 1.1 MB of gradients a step, little compute
+SCRIPT = """
+import sys
+import torch
+import torch.nn.functional as F
+HOROVOD = sys.argv[1] == "horovod"
+if HOROVOD:
+    import horovod.torch as hvd
+    hvd.init()
+else:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+if HOROVOD:
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+else:
+    model = DDP(model)
+x, y = torch.randn(32, 256), torch.randint(10, (32,))
+for _ in range(12):
+    optimizer.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()
+"""
+
+
+def probed_split(cluster, folder, name: str) -> dict:
+    """Run SCRIPT across the hosts under the probe (its Horovod twin on the API); its time split."""
+    script = folder / "train.py"
+    script.write_text(SCRIPT)
+    run_dir = folder / name
+    probe = ["--run-dir", str(run_dir), *(["--api", "horovod"] if name.startswith("horovod") else []), str(script),
+             name.split("-")[0]]
+    cmd = launch_layer.get("torchrun").command(2, probe, module="common.probe", python=PY, hosts="node0:1,node1:1")
+    for result in cluster.run_together({host: cmd for host in HOSTS}, timeout=240).values():
+        result.check()
+    return read_run(run_dir)["summary"]["time_split"]
+
+
+def test_a_probed_scripts_wait_on_a_slow_link_is_exposed_communication_not_compute(cluster, tmp_path):
+    # DDP waits for its last buckets inside backward(), Horovod's optimizer in step() (synchronize): the probe
+    # counts both as communication; the compute stays what it was on the free link
+    for backend in ("ddp", "horovod"):
+        free = probed_split(cluster, tmp_path, f"{backend}-free")
+        with shaped(ENDS, SLOW):
+            slow = probed_split(cluster, tmp_path, f"{backend}-slow")
+        # 1.1 MB each way at 50 Mbit/s: at least 150 ms a step on the wire, and nine tenths of what the link added
+        # to the step is called communication
+        added = slow["comm_ms"] - free["comm_ms"]
+        assert added > 100, (backend, free, slow)
+        assert slow["compute_ms"] - free["compute_ms"] < 0.1 * added, (backend, free, slow)
+        assert abs(slow["data_ms"] + slow["compute_ms"] + slow["comm_ms"] - slow["step_ms"]) < 1e-6
     assert [root_queue(end) for end in ENDS] == ["noqueue", "noqueue"]
 
 

@@ -112,18 +112,27 @@ def _batch(fingerprint: Optional[Sequence[Any]]) -> int:  # an input fingerprint
     return int(fingerprint[0][0]) if fingerprint and fingerprint[0] else 0
 
 
+def time_split(timed: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Rank 0's mean time per step in data, compute and exposed communication, as the project's loop writes it
+    (`time_split` of summary.json); None without steps."""
+    if not timed:
+        return None
+    split: Dict[str, Any] = {f"{k}_ms": 1000 * sum(s.get(f"{k}_s") or 0 for s in timed) / len(timed)
+                             for k in ("data", "compute", "comm")}
+    split["step_ms"] = total = sum(split.values())
+    for k in ("data", "compute", "comm"):
+        split[f"{k}_frac"] = split[f"{k}_ms"] / total if total > 0 else 0.0
+    split["steps"] = len(timed)
+    return split
+
+
 def _summary(steps_by_rank: List[List[Dict[str, Any]]], backend: Dict[str, Any], world_size: int,
              checksum: str) -> Dict[str, Any]:
     steps = steps_by_rank[0]
     timed = steps[1:]  # the first step pays for allocation and warm-up, as in the project's loop
-    seconds = sum((s.get("data_s") or 0) + (s.get("compute_s") or 0) + (s.get("optimizer_s") or 0) for s in timed)
+    seconds = sum((s.get("data_s") or 0) + (s.get("compute_s") or 0) + (s.get("comm_s") or 0) for s in timed)
     samples = sum(_batch(i) for by_rank in steps_by_rank for s in by_rank[1:] for i in s.get("inputs") or [])
-    split = None
-    if timed:
-        parts = {k: 1000 * sum(s.get(f"{k}_s") or 0 for s in timed) / len(timed)
-                 for k in ("data", "compute", "optimizer")}
-        split = {"data_ms": parts["data"], "compute_ms": parts["compute"], "optimizer_ms": parts["optimizer"],
-                 "step_ms": sum(parts.values())}
+    split = time_split(timed)
     last = [by_rank[-1].get("loss") for by_rank in steps_by_rank if by_rank]
     losses = [v for v in last if v is not None]
     return {"backend": backend["name"], "backend_options": backend, "world_size": world_size,

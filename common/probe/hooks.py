@@ -1,10 +1,12 @@
 """The probe's hooks into torch, installed before the user's script starts; nothing in the script changes.
 
 - torch.autograd.backward (Tensor.backward calls it): the loss the script backpropagated; a GradScaler's
-  scale() is followed so the loss is recorded unscaled.
+  scale() is followed so the loss is recorded unscaled. On the CPU, the part of backward() its thread spent off
+  the CPU is exposed communication (DDP waits there for its last buckets; the compute keeps the thread busy).
 - torch.optim's global step hooks: every optimizer's step(). A step runs nested when Horovod's
   DistributedOptimizer calls its wrapped class's step after the allreduce: what the innermost call saw (the
-  averaged gradients) is recorded when the outermost one returns.
+  averaged gradients) is recorded when the outermost one returns, and the time between the two calls
+  (synchronize(): the wait for the allreduces) is exposed communication.
 - torch.nn's global forward hooks: the outermost forward of a module with parameters, in training mode (the
   model, however it is wrapped): the fingerprint of its inputs, and at the first one the weights training
   starts from (after the script's broadcast), disturbed first when the probe was asked to.
@@ -13,6 +15,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any, Callable, Dict, FrozenSet, List, NoReturn, Optional, Tuple
 
 import torch
@@ -43,6 +46,7 @@ class Hooks:
         self.optimizers: Dict[int, FrozenSet[int]] = {}    # id(optimizer) -> its parameters' ids
         self.forward_depth = 0
         self.step_depth = 0
+        self.outer_ready: Optional[float] = None           # when an outermost Horovod step's own hook was done
         self.before: Optional[Dict[str, Any]] = None       # what the innermost step call saw
         self.scaled: Dict[int, float] = {}                 # id(scaled loss) -> the loss before scaling
 
@@ -53,8 +57,13 @@ class Hooks:
         hooks = self
 
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> None:  # torch.autograd.backward's arguments
-            hooks.on_backward(tensors)
-            return hooks._backward(tensors, *args, **kwargs)
+            loss = hooks.loss_of(tensors)
+            wall, cpu = time.perf_counter(), time.thread_time()
+            result = hooks._backward(tensors, *args, **kwargs)
+            if on_cpu(tensors):
+                hooks.recorder.waited((time.perf_counter() - wall) - (time.thread_time() - cpu))
+            hooks.recorder.backward(loss)
+            return result
 
         torch.autograd.backward = backward
         self._wrap_scalers()
@@ -79,14 +88,15 @@ class Hooks:
         grad_scaler.GradScaler.scale = scale  # type: ignore[method-assign, assignment]  # replaced on purpose
 
     # --- backward ----------------------------------------------------------------------------------
-    def on_backward(self, tensors: object) -> None:
-        loss = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+    def loss_of(self, tensors: object) -> Optional[float]:
+        """The loss value a backward() was given (unscaled under a GradScaler); None where it is not a scalar."""
+        loss = first_tensor(tensors)
         value = None
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             value = self.scaled.pop(id(loss), None)
             if value is None:
                 value = float(loss.detach())
-        self.recorder.backward(value)
+        return value
 
     # --- forward -----------------------------------------------------------------------------------
     def on_forward_pre(self, module: torch.nn.Module, args: Tuple[Any, ...]) -> None:
@@ -115,6 +125,9 @@ class Hooks:
     # --- optimizer steps ---------------------------------------------------------------------------
     def on_step_pre(self, optimizer: torch.optim.Optimizer, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         self.step_depth += 1
+        if self.step_depth == 2 and self.outer_ready is not None:  # the outer step synchronized in between
+            self.recorder.waited(time.perf_counter() - self.outer_ready)
+            self.outer_ready = None
         ids = frozenset(id(p) for p in params_of(optimizer))
         for other in self.optimizers.values():
             if ids != other:
@@ -130,9 +143,12 @@ class Hooks:
                        "gnorm": tensor_norms([p.grad for p in params])}
         if not self.recorder.in_step:  # only a step with no backward before it records the weights it found
             self.before["wnorm_before"] = tensor_norms(params)
+        if self.step_depth == 1 and self.recorder.in_step and reduces_itself(optimizer):
+            self.outer_ready = time.perf_counter()
 
     def on_step_post(self, optimizer: torch.optim.Optimizer, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         self.step_depth -= 1
+        self.outer_ready = None
         if self.step_depth > 0:
             return
         before, self.before = self.before, None
@@ -145,6 +161,18 @@ class Hooks:
             self.on_stepped(self.recorder.steps)  # last: with --max-steps it may end the process
         else:
             self.recorder.stepless(before, wnorm)
+
+
+def first_tensor(tensors: object) -> object:
+    """What backward() was given first (a tensor, or a sequence of them)."""
+    return tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+
+
+def on_cpu(tensors: object) -> bool:
+    """Whether a backward() from `tensors` runs on the calling thread (a CPU graph); on a GPU the thread waits
+    for the device's autograd threads, and its time off the CPU says nothing about communication."""
+    first = first_tensor(tensors)
+    return isinstance(first, torch.Tensor) and first.device.type == "cpu"
 
 
 def reduces_itself(optimizer: torch.optim.Optimizer) -> bool:

@@ -6,7 +6,10 @@ what its backward() calls were given, unscaled under a GradScaler), a fingerprin
 outermost forward (shape, sum and sum of squares in float64), every param group's settings (lr, momentum,
 weight decay, ...), the optimizer's state before the step (which parameters had state, Adam's step counts),
 the gradients' per-tensor norms as the step saw them (after Horovod's allreduce), the weights' per-tensor norms
-after it, and the step's time split. An optimizer step with no backward before it (Horovod's
+after it, and the step's time split: data (before its first forward), exposed communication (the rank waiting on
+its gradients' reduction: the part of a CPU backward() its thread spent off the CPU, where DDP waits for its last
+buckets, and the part of a Horovod optimizer's step() before its wrapped optimizer's own step, synchronize()), and
+compute (the rest). An optimizer step with no backward before it (Horovod's
 broadcast_optimizer_state on a fresh optimizer runs one) is recorded as a stepless step.
 """
 
@@ -96,6 +99,7 @@ class StepRecord:
     started: Optional[float] = None          # the step's first forward
     backward_ended: Optional[float] = None   # its last backward
     optimizer_started: Optional[float] = None
+    comm_s: float = 0.0                      # exposed communication seen so far
 
 
 class Recorder:
@@ -122,10 +126,14 @@ class Recorder:
         self.current.inputs.append(fingerprint)
 
     def backward(self, loss: Optional[float]) -> None:
-        """A backward() of this loss value (None: not a scalar)."""
+        """A backward() of this loss value (None: not a scalar) ran."""
         if loss is not None:
             self.current.losses.append(loss)
         self.current.backward_ended = time.perf_counter()
+
+    def waited(self, seconds: float) -> None:
+        """The rank waited `seconds` on its gradients' communication."""
+        self.current.comm_s += max(seconds, 0.0)
 
     @property
     def in_step(self) -> bool:
@@ -142,12 +150,11 @@ class Recorder:
         now = time.perf_counter()
         c = self.current
         started = c.started if c.started is not None else c.optimizer_started or now
-        compute_end = c.backward_ended or started
         self.steps += 1
         self.write("step", step=self.steps, loss=sum(c.losses) if c.losses else None, backwards=len(c.losses),
                    inputs=c.inputs, groups=before["groups"], state=before["state"], gnorm=before["gnorm"],
-                   wnorm=wnorm, data_s=max(started - self.last_step_end, 0.0), compute_s=compute_end - started,
-                   optimizer_s=now - (c.optimizer_started or compute_end))
+                   wnorm=wnorm, data_s=max(started - self.last_step_end, 0.0),
+                   compute_s=max(now - started - c.comm_s, 0.0), comm_s=c.comm_s)
         self.current = StepRecord()
         self.last_step_end = now
 
