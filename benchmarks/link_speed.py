@@ -14,6 +14,9 @@ at every link setting:
   (torchrun on both hosts, -m ddp_train.horovod_api), its plain DDP port (python -m ddp_train.port), Horovod/Gloo and
   Horovod/MPI (horovodrun -H node0:1,node1:1): the Total img/sec it prints;
 - small-tensors: the same four on benchmarks.horovod_api's script of 160 small gradient tensors and little compute;
+- for both, after each run, the same run under the probe (python -m common.probe, --no-probe to skip): the share of
+  its steps spent waiting on communication (the probe's time split: DDP's wait at the end of backward, Horovod's
+  in step()); the images/s stay the unprobed run's;
 - loop: the project's loop (torchrun -m ddp_train, horovodrun --gloo -m hvd_train) and the bare DDP loop
   (benchmarks.bare_ddp), on resnet18 with synthetic images: samples/s, and for the project's loop the share of the
   step spent on exposed communication after backward (its summary.json time split).
@@ -40,6 +43,7 @@ from common.launch.hosts import DEFAULT_PORT
 from common.launch.link import SETTINGS, ShapingRefused, shaped
 from common.launch.remote import commands_for, run_commands, shown
 from common.launch.simulated import HOSTS, hosts_up, link_ends, on_host
+from common.compare.matrix import PROBE_MODULE
 from common.rundir.names import SUMMARY_FILE
 
 from .horovod_api import API_MODULE, SMALL_TENSORS_SCRIPT, TOTAL
@@ -93,6 +97,7 @@ class Plan:
     loop_args: List[str]
     logs: Path
     timeout: float
+    probe: bool = True
     results: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
 
 
@@ -102,18 +107,34 @@ def on_node0() -> bool:
     return named.strip() == HOSTS[0]
 
 
-def script_commands(backend: str, script: str, args: Sequence[str], port: int) -> Dict[str, List[str]]:
+def script_commands(backend: str, script: str, args: Sequence[str], port: int,
+                    probe_dir: Optional[Path] = None) -> Dict[str, List[str]]:
     """`python SCRIPT ARGS` on both hosts under `backend` as a user starts it: under the API's module or as the
-    port's script through torchrun (one per host), itself under horovodrun."""
+    port's script through torchrun (one per host), itself under horovodrun; with `probe_dir`, under the probe
+    writing its run directory there."""
     launcher = launch.get(SCRIPT_BACKENDS[backend])
+    probe = ["--run-dir", str(probe_dir)] if probe_dir is not None else []
     if backend == "api":
-        return commands_for(launcher, 2, [script, *args], python=sys.executable, module=API_MODULE,
+        module, words = (PROBE_MODULE, [*probe, "--api", "horovod"]) if probe else (API_MODULE, [])
+        return commands_for(launcher, 2, [*words, script, *args], python=sys.executable, module=module,
                             hosts=PLACEMENT, port=port)
     commands = commands_for(launcher, 2, args, python=sys.executable, hosts=PLACEMENT, port=port)
     for cmd in commands.values():  # the launcher's `-m TRAINING_MODULE` replaced by the script
         at = cmd.index("-m")
-        cmd[at:at + 2] = [script]
+        cmd[at:at + 2] = ["-m", PROBE_MODULE, *probe, script] if probe else [script]
     return commands
+
+
+def probed_share(cell: Cell, plan: Plan, repeat: int, port: int) -> Optional[float]:
+    """The share of a script cell's steps spent on exposed communication, from its run under the probe."""
+    run_dir = (plan.logs / f"probe-{cell.tag}-{repeat}").resolve()
+    commands = script_commands(cell.backend, plan.scripts[cell.program][cell.backend], plan.script_args, port,
+                               probe_dir=run_dir)
+    log = plan.logs / f"{PROG}-{cell.tag}-{repeat}-probe.log"
+    checked(run_commands(commands, plan.timeout, env=job_env({"OMP_NUM_THREADS": "1"}), cwd=REPO, log=log),
+            plan.timeout)
+    split = json.loads((run_dir / SUMMARY_FILE).read_text()).get("time_split") or {}
+    return split.get("comm_frac")
 
 
 def measure(cell: Cell, plan: Plan, repeat: int, port: int) -> Figures:
@@ -127,7 +148,7 @@ def measure(cell: Cell, plan: Plan, repeat: int, port: int) -> Figures:
         printed = TOTAL.findall(log.read_text())
         if not printed:
             raise JobFailed(f"printed no Total img/sec line ({shown(commands)})")
-        return Figures(float(printed[-1][1]))
+        return Figures(float(printed[-1][1]), probed_share(cell, plan, repeat, port + 1) if plan.probe else None)
     launcher, module = LOOPS[cell.backend]
     run_dir = plan.logs / f"run-{cell.tag}-{repeat}"
     commands = commands_for(launch.get(launcher), 2, [*plan.loop_args, "--run-dir", str(run_dir.resolve())],
@@ -286,6 +307,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="runs of every cell, interleaved")
     p.add_argument("--batch-size", type=int, default=8, help="images per rank and step (resnet18 at 224)")
     p.add_argument("--steps", type=int, default=5, help="timed steps of every run (after 2 warm-up steps)")
+    p.add_argument("--no-probe", dest="probe", action="store_false",
+                   help="do not run each script run again under the probe (no exposed share for the scripts)")
     add_timeout(p, 900.0)
     add_out(p, "where link_speed.json goes")
     args = p.parse_args(argv)
@@ -304,7 +327,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "2", "--num-batches-per-iter", "1", "--num-iters", str(args.steps)]
     loop_args = ["--model", "resnet18", "--dataset", "synthetic", "--image-size", "224", "--batch-size",
                  str(args.batch_size), "--max-steps", str(args.steps + 2), "--threads", "1"]
-    plan = Plan(scripts, script_args, loop_args, logs, args.timeout)
+    plan = Plan(scripts, script_args, loop_args, logs, args.timeout, args.probe)
     failures: List[Dict[str, Any]] = []
     try:
         run_cells(cells_of(args.programs, args.backends, args.loops, args.links), plan, args.repeats, failures)
@@ -315,7 +338,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              for name in args.links}
     report = {**record.header(), "np": 2, "hosts": list(HOSTS), "threads_per_rank": 1, "model": "resnet18",
               "image_size": 224, "batch_size": args.batch_size, "steps": args.steps, "links": links,
-              "repeats": args.repeats, "script_args": script_args, "loop_args": loop_args, "cells": table,
+              "repeats": args.repeats, "probed": args.probe, "script_args": script_args, "loop_args": loop_args,
+              "cells": table,
               "ratios": ratios(table, args.links), "forecasts": forecasts(table, args.links), "failures": failures,
               "cores": cores()}
     plot(report, args.out)

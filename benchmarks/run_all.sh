@@ -180,7 +180,8 @@ full_steps() {
       --repeats 2 --out "$OUT"
   # The cells the targets read (the API against its port, the loops against theirs), in longer runs.
   horovod_step -m benchmarks.link_speed --script "$HOROVOD_SRC/examples/pytorch/pytorch_synthetic_benchmark.py" \
-      --programs synthetic,loop --backends api,port,horovod-gloo --steps 10 --repeats 3 --out "$OUT/link-speed-targets"
+      --programs synthetic,loop --backends api,port,horovod-gloo --steps 10 --repeats 3 --no-probe \
+      --out "$OUT/link-speed-targets"
   # A Horovod script of many small gradient tensors: the API (cache on and off), its DDP port, Horovod/Gloo, at 2
   # and at 8 ranks (100 steps a run).
   step -m benchmarks.horovod_api --script small-tensors --np 2 --backends api,api-cache-off,port,horovod-gloo \

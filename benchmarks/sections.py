@@ -471,8 +471,8 @@ def link_targets(result: Result) -> list[list[str]]:
 
 
 def link_speed(result: Result, *options: str) -> str:
-    """Images/s per backend at every link setting (the median of the repeats; the loops' share of exposed
-    communication beside it), the ratios of the medians, the targets judged repeat by repeat, the forecasts, and
+    """Images/s per backend at every link setting (the median of the repeats; the share of exposed communication
+    beside it, where the run recorded it), the ratios of the medians, the targets judged repeat by repeat, the forecasts, and
     the plot (unless `no-plot`)."""
     # unshaped first, then the fastest link to the slowest (the file keeps its keys sorted by name)
     links = sorted(result["links"], key=lambda link: -(result["links"][link]["rate_bits"] or math.inf))
