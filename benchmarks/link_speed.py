@@ -16,7 +16,7 @@ at every link setting:
 - small-tensors: the same four on benchmarks.horovod_api's script of 160 small gradient tensors and little compute;
 - for both, after each run, the same run under the probe (python -m common.probe, --no-probe to skip): the share of
   its steps spent waiting on communication (the probe's time split: DDP's wait at the end of backward, Horovod's
-  in step()); the images/s stay the unprobed run's;
+  in step()), its step and the bytes it reduced (what a forecast reads); the images/s stay the unprobed run's;
 - loop: the project's loop (torchrun -m ddp_train, horovodrun --gloo -m hvd_train) and the bare DDP loop
   (benchmarks.bare_ddp), on resnet18 with synthetic images: samples/s, and for the project's loop the share of the
   step spent on exposed communication after backward (its summary.json time split).
@@ -125,16 +125,23 @@ def script_commands(backend: str, script: str, args: Sequence[str], port: int,
     return commands
 
 
-def probed_share(cell: Cell, plan: Plan, repeat: int, port: int) -> Optional[float]:
-    """The share of a script cell's steps spent on exposed communication, from its run under the probe."""
+def probed(cell: Cell, plan: Plan, repeat: int, port: int, img_s: float) -> Figures:
+    """A script cell's figures: `img_s` (its own run's), and from its run again under the probe the share of its
+    steps spent on exposed communication, its step and what a forecast reads."""
     run_dir = (plan.logs / f"probe-{cell.tag}-{repeat}").resolve()
     commands = script_commands(cell.backend, plan.scripts[cell.program][cell.backend], plan.script_args, port,
                                probe_dir=run_dir)
     log = plan.logs / f"{PROG}-{cell.tag}-{repeat}-probe.log"
     checked(run_commands(commands, plan.timeout, env=job_env({"OMP_NUM_THREADS": "1"}), cwd=REPO, log=log),
             plan.timeout)
-    split = json.loads((run_dir / SUMMARY_FILE).read_text()).get("time_split") or {}
-    return split.get("comm_frac")
+    return figures(img_s, json.loads((run_dir / SUMMARY_FILE).read_text()))
+
+
+def figures(img_s: float, summary: Dict[str, Any]) -> Figures:
+    """A run's figures from its summary.json (the project's loop's, or the probe's of a script)."""
+    split = summary.get("time_split") or {}
+    kept = {key: summary.get(key) for key in ("world_size", "backend", "reduced_bytes_per_step", "time_split")}
+    return Figures(img_s, split.get("comm_frac"), summary.get("reduced_bytes_per_step"), split.get("step_ms"), kept)
 
 
 def measure(cell: Cell, plan: Plan, repeat: int, port: int) -> Figures:
@@ -148,17 +155,15 @@ def measure(cell: Cell, plan: Plan, repeat: int, port: int) -> Figures:
         printed = TOTAL.findall(log.read_text())
         if not printed:
             raise JobFailed(f"printed no Total img/sec line ({shown(commands)})")
-        return Figures(float(printed[-1][1]), probed_share(cell, plan, repeat, port + 1) if plan.probe else None)
+        img_s = float(printed[-1][1])
+        return probed(cell, plan, repeat, port + 1, img_s) if plan.probe else Figures(img_s)
     launcher, module = LOOPS[cell.backend]
     run_dir = plan.logs / f"run-{cell.tag}-{repeat}"
     commands = commands_for(launch.get(launcher), 2, [*plan.loop_args, "--run-dir", str(run_dir.resolve())],
                             python=sys.executable, module=module, hosts=PLACEMENT, port=port)
     checked(run_commands(commands, plan.timeout, env=job_env(env), cwd=REPO, log=log), plan.timeout)
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
-    split = summary.get("time_split") or {}
-    kept = {key: summary.get(key) for key in ("world_size", "backend", "reduced_bytes_per_step", "time_split")}
-    return Figures(float(summary["samples_per_s"]), split.get("comm_frac"), summary.get("reduced_bytes_per_step"),
-                   split.get("step_ms"), kept)
+    return figures(float(summary["samples_per_s"]), summary)
 
 
 def summarize(plan: Plan) -> Dict[str, Dict[str, Any]]:
@@ -179,9 +184,9 @@ def summarize(plan: Plan) -> Dict[str, Dict[str, Any]]:
 
 
 def forecasts(table: Dict[str, Dict[str, Any]], links: Sequence[str]) -> Dict[str, Dict[str, Any]]:
-    """Per loop cell at a shaped link: its step time forecast from the same loop's unshaped runs (the median of
-    each repeat's forecast, common.compare.forecast), its median step, and how far the forecast lands
-    (forecast / measured - 1)."""
+    """Per cell at a shaped link: its step time forecast from the same cell's unshaped runs (the median of each
+    repeat's forecast, common.compare.forecast; a script's from its probed runs), its median step, and how far the
+    forecast lands (forecast / measured - 1)."""
     found: Dict[str, Dict[str, Any]] = {}
     for tag, cell in table.items():
         rate = SETTINGS[cell["link"]].rate_bits

@@ -465,15 +465,20 @@ def link_targets(result: Result) -> list[list[str]]:
     found = result.get("forecasts") or {}
     if found:
         worst = max(abs(f["error"]) for f in found.values())
-        rows.append(["forecast against the measured step, every loop and link", f"within {FORECAST_TARGET:.0%}",
+        rows.append(["forecast against the measured step, every run and link", f"within {FORECAST_TARGET:.0%}",
                      f"at most {worst:.0%} off", "–", "yes" if worst <= FORECAST_TARGET else "no"])
     return rows
 
 
+def milliseconds(ms: float) -> str:
+    """A step time as the tables show it: whole milliseconds, tenths below 100."""
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}"
+
+
 def link_speed(result: Result, *options: str) -> str:
     """Images/s per backend at every link setting (the median of the repeats; the share of exposed communication
-    beside it, where the run recorded it), the ratios of the medians, the targets judged repeat by repeat, the forecasts, and
-    the plot (unless `no-plot`)."""
+    beside it, where the run recorded it), the ratios of the medians, the targets judged repeat by repeat, the
+    forecasts, and the plot (unless `no-plot`)."""
     # unshaped first, then the fastest link to the slowest (the file keeps its keys sorted by name)
     links = sorted(result["links"], key=lambda link: -(result["links"][link]["rate_bits"] or math.inf))
     programs = sorted({c["program"] for c in result["cells"].values()}, key=lambda p: ("synthetic", "small-tensors",
@@ -498,11 +503,14 @@ def link_speed(result: Result, *options: str) -> str:
         parts.append("Ratios of the medians: " + "; ".join(ratios) + ".")
     found = result.get("forecasts") or {}
     if found:
-        parts.append("The step time forecast from each loop's unshaped run (common/compare/forecast.py) against the "
+        parts.append("The step time forecast from each cell's unshaped runs (common/compare/forecast.py; a script's "
+                     "from its runs under the probe) against the "
                      "step measured at the shaped link:\n\n" + table(
                          ["run", "link", "forecast ms", "measured ms", "off by"],
-                         [[f"{result['cells'][tag]['backend']}", result["links"][result["cells"][tag]["link"]]["shown"],
-                           f"{f['forecast_ms']:.0f}", f"{f['measured_ms']:.0f}", f"{100 * f['error']:+.0f}%"]
+                         [[f"{result['cells'][tag]['program']}: {result['cells'][tag]['backend']}",
+                           result["links"][result["cells"][tag]["link"]]["shown"],
+                           milliseconds(f["forecast_ms"]), milliseconds(f["measured_ms"]),
+                           f"{100 * f['error']:+.0f}%"]
                           for tag, f in found.items()]))
     targets = link_targets(result)
     if targets:

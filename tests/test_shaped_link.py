@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from common import launch as launch_layer
+from common.compare import forecast
 from launched import PY, REPO, command_on_hosts, read_run
 from settings import ACROSS_HOSTS
 from common.launch.link import SETTINGS, End, LinkSetting, bucket_options, root_queue, sent_bytes, shaped
@@ -77,8 +78,8 @@ for _ in range(12):
 """
 
 
-def probed_split(cluster, folder, name: str) -> dict:
-    """Run SCRIPT across the hosts under the probe (its Horovod twin on the API); its time split."""
+def probed_summary(cluster, folder, name: str) -> dict:
+    """Run SCRIPT across the hosts under the probe (its Horovod twin on the API); its summary.json."""
     script = folder / "train.py"
     script.write_text(SCRIPT)
     run_dir = folder / name
@@ -87,16 +88,24 @@ def probed_split(cluster, folder, name: str) -> dict:
     cmd = launch_layer.get("torchrun").command(2, probe, module="common.probe", python=PY, hosts="node0:1,node1:1")
     for result in cluster.run_together({host: cmd for host in HOSTS}, timeout=240).values():
         result.check()
-    return read_run(run_dir)["summary"]["time_split"]
+    return read_run(run_dir)["summary"]
 
 
 def test_a_probed_scripts_wait_on_a_slow_link_is_exposed_communication_not_compute(cluster, tmp_path):
     # DDP waits for its last buckets inside backward(), Horovod's optimizer in step() (synchronize): the probe
     # counts both as communication; the compute stays what it was on the free link
     for backend in ("ddp", "horovod"):
-        free = probed_split(cluster, tmp_path, f"{backend}-free")
+        free_run = probed_summary(cluster, tmp_path, f"{backend}-free")
         with shaped(ENDS, SLOW):
-            slow = probed_split(cluster, tmp_path, f"{backend}-slow")
+            slow_run = probed_summary(cluster, tmp_path, f"{backend}-slow")
+        free, slow = free_run["time_split"], slow_run["time_split"]
+        # what a forecast needs: the bytes of the step's gradients (273,418 float32), and from them the free run's
+        # forecast of the slow link's step lands near the step measured there
+        assert free_run["reduced_bytes_per_step"] == 4 * 273_418
+        measured = forecast.Measured.of(free_run)
+        assert measured is not None and measured.backend == ("horovod-api" if backend == "horovod" else "ddp")
+        assert forecast.step_s(measured, forecast.Link(SLOW.rate_bits)) * 1e3 == pytest.approx(slow["step_ms"],
+                                                                                                rel=0.15)
         # 1.1 MB each way at 50 Mbit/s: at least 150 ms a step on the wire, and nine tenths of what the link added
         # to the step is called communication
         added = slow["comm_ms"] - free["comm_ms"]

@@ -14,7 +14,8 @@ gradients come at an even rate. What the link has not carried when the window en
 - Horovod fuses, every cycle, whatever came since the last: the link is busy from the first gradient on, and what
   is left when backward ends is wire - window.
 - DDP hands the link a bucket once its last gradient came (the first 1 MiB, the others 25 MiB, in backward's order),
-  one after the other: its last bucket starts only when backward ends, however fast the earlier ones went.
+  one after the other: its last bucket starts only when backward ends, however fast the earlier ones went. A script
+  on the project's Horovod API (backend `horovod-api`) forms the same buckets, so it is forecast as DDP.
 
 and never less than the run measured:
 
@@ -72,11 +73,16 @@ class Measured:
                    str(summary.get("backend") or "ddp"))
 
 
+#: the backends whose gradients travel in DDP's buckets, each started once its last gradient came: DDP, and a
+#: script on the project's Horovod API (its DistributedOptimizer forms DDP's buckets from its second step on)
+DDP_BUCKETED = ("ddp", "horovod-api")
+
+
 def collectives(reduced_bytes: int, backend: str) -> int:
     """How many collectives a step's gradients travel in: DDP's buckets, else Horovod's fused buffers."""
     if reduced_bytes <= 0:
         return 0
-    if backend == "ddp":
+    if backend in DDP_BUCKETED:
         return len(ddp_buckets(reduced_bytes))
     return math.ceil(reduced_bytes / HOROVOD_FUSION)
 
@@ -107,7 +113,7 @@ def exposed_s(measured: Measured, link: Link) -> float:
     window = BACKWARD_SHARE * measured.compute_s
     if n < 2 or measured.reduced_bytes <= 0:
         return 0.0
-    if measured.backend != "ddp":
+    if measured.backend not in DDP_BUCKETED:
         return max(0.0, wire_s(measured, link) - window)
     per_byte, rounds = 2 * (n - 1) / n * 8 / link.bandwidth_bits, 2 * (n - 1) * link.latency_s
     done = came = 0.0

@@ -98,11 +98,12 @@ def write(run_dir: str, world_size: int, state: Dict[str, torch.Tensor]) -> None
         groups = step.get("groups") or [{}]
         out.log("step", step=step["step"], loss=step.get("loss"), lr=groups[0].get("lr"), wnorm=step.get("wnorm"),
                 batch=sum(_batch(i) for i in step.get("inputs") or []), data_s=step.get("data_s"),
-                step_s=(step.get("data_s") or 0) + (step.get("compute_s") or 0) + (step.get("optimizer_s") or 0),
-                compute_s=step.get("compute_s"), optimizer_s=step.get("optimizer_s"), groups=groups,
+                step_s=(step.get("data_s") or 0) + (step.get("compute_s") or 0) + (step.get("comm_s") or 0),
+                compute_s=step.get("compute_s"), comm_s=step.get("comm_s"), groups=groups,
                 state=step.get("state"), gnorm=step.get("gnorm"), backwards=step.get("backwards"),
                 ranks=[{"loss": o.get("loss"), "inputs": o.get("inputs"), "gnorm": o.get("gnorm")} for o in others])
     summary = _summary(steps_by_rank, backend, world_size, weights_sha256(state))
+    summary["reduced_bytes_per_step"] = _one(first, "reduced").get("bytes")
     out.log("summary", **summary)
     out.write_json(SUMMARY_FILE, summary)
     out.close()

@@ -163,6 +163,23 @@ class Hooks:
             self.recorder.stepless(before, wnorm)
 
 
+#: bytes per element of the precisions gradients can be exchanged at below float32
+NARROW_BYTES = {"float16": 2, "bfloat16": 2}
+
+
+#: how gradient_precision() says it found a precision from the gradients' values alone (not how they travel)
+SEEN_BY_VALUE = "every reduced gradient is a"
+
+
+def reduced_bytes(params: List[torch.Tensor], precision: str, how: str) -> int:
+    """The bytes each rank hands the gradient allreduces in a step: every dense gradient of the step, at the
+    precision a compression or comm hook exchanges it at (a forecast's input, as `reduced_bytes_per_step` of the
+    project's loop)."""
+    grads = [p.grad for p in params if p.grad is not None and not p.grad.is_sparse]
+    narrow = None if how.startswith(SEEN_BY_VALUE) else NARROW_BYTES.get(precision)
+    return sum(g.numel() * (narrow or g.element_size()) for g in grads)
+
+
 def first_tensor(tensors: object) -> object:
     """What backward() was given first (a tensor, or a sequence of them)."""
     return tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
@@ -209,7 +226,7 @@ def gradient_precision(optimizer: torch.optim.Optimizer, wrapper: Optional[torch
     if grads and any(bool(g.count_nonzero()) for g in grads):
         for precision, dtype, _ in LOW_PRECISIONS:
             if all(torch.equal(g, g.to(dtype).to(g.dtype)) for g in grads):
-                return precision, f"every reduced gradient is a {precision} number"
+                return precision, f"{SEEN_BY_VALUE} {precision} number"
     return "float32", "no compression seen"
 
 

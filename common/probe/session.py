@@ -18,7 +18,7 @@ from common.launch.placement import Placement, cores
 from common.rundir.fingerprint import tensor_norms
 
 from . import assemble
-from .hooks import Hooks, distributed_world, gradient_precision, unwrap
+from .hooks import Hooks, distributed_world, gradient_precision, reduced_bytes, unwrap
 from .recorder import Recorder
 
 #: how long rank 0 waits, once its script has ended, for the other ranks' records to end
@@ -74,6 +74,7 @@ class Session:
         if self.recorder.steps == 0:
             found, how = gradient_precision(optimizer, self.hooks.wrapper, params)
             self.recorder.write("precision", gradients=found, how=how)
+            self.recorder.write("reduced", bytes=reduced_bytes(params, found, how))
             self.disturbance = gradient_disturbance(self.perturb, self.pattern, found)
         if self.disturbance is not None:
             self.disturbance(params, self.recorder.steps + 1)

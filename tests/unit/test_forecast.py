@@ -16,6 +16,8 @@ def test_collectives_are_ddps_buckets_or_horovods_fusion_buffers():
     assert collectives(MB, "ddp") == 1 and collectives(MB + 1, "ddp") == 2
     assert collectives(MB + 2 * DDP_BUCKET, "ddp") == 3
     assert collectives(HOROVOD_FUSION, "horovod") == 1 and collectives(HOROVOD_FUSION + 1, "horovod") == 2
+    # a script on the Horovod API forms DDP's buckets; on Horovod itself, its fusion buffers
+    assert collectives(MB + 1, "horovod-api") == 2 and collectives(MB + 1, "horovod") == 1
     assert ddp_buckets(0) == [] and ddp_buckets(1000) == [1000]
     assert ddp_buckets(MB + 2 * DDP_BUCKET + 5) == [MB, DDP_BUCKET, DDP_BUCKET, 5]
 
@@ -51,6 +53,13 @@ def test_ddps_last_bucket_starts_when_backward_ends_and_is_exposed_however_long_
     # never less than the run measured
     assert step_s(Measured(2, 1000, 0.0, 1.0, exposed_s=0.5), Link(1e9)) == pytest.approx(1.5)
     assert exposed_s(Measured(1, 46_800_000, 0.0, 1.0, 0.0), Link(1e9)) == 0.0
+
+
+def test_a_script_on_the_horovod_api_is_forecast_as_ddp_and_horovod_as_horovod():
+    measured = {backend: Measured(2, 46_800_000, 0.0, 1.2, 0.0, backend=backend)
+                for backend in ("ddp", "horovod-api", "horovod")}
+    assert exposed_s(measured["horovod-api"], Link(1e9)) == exposed_s(measured["ddp"], Link(1e9)) > 0
+    assert exposed_s(measured["horovod"], Link(1e9)) == 0.0  # 0.37 s of wire inside 0.8 s of backward
 
 
 def test_a_run_without_its_time_split_or_reduced_bytes_has_no_forecast():

@@ -72,7 +72,7 @@ def test_the_section_gives_each_backend_at_each_link_and_the_ratios():
     assert "| backend | unshaped | 1 Gbit/s |" in text
     assert "| ddp_train | 30.0 (5% exposed) | 20.0 (25% exposed) |" in text
     assert "| api | – | 12.5 |" in text and text.index("**synthetic**") < text.index("**loop**")
-    assert "| ddp_train | 1 Gbit/s | 410 | 400 | +2% |" in text
+    assert "| loop: ddp_train | 1 Gbit/s | 410 | 400 | +2% |" in text
 
 
 def test_each_loop_is_forecast_at_the_shaped_links_from_its_unshaped_run():
@@ -106,7 +106,7 @@ def test_the_targets_are_judged_repeat_by_repeat_and_the_forecast_by_its_worst_c
     assert rows["api/port synthetic, 1 Gbit/s"][3:] == ["1.000 0.900", "undecided"]
     assert rows["ddp_train/bare_ddp, 1 Gbit/s"][2:] == ["0.985", "0.980 0.990", "yes"]
     assert rows["hvd_train/horovod-gloo synthetic, 1 Gbit/s"][4] == "no"
-    assert rows["forecast against the measured step, every loop and link"][2:] == ["at most 16% off", "–", "no"]
+    assert rows["forecast against the measured step, every run and link"][2:] == ["at most 16% off", "–", "no"]
     text = section({"benchmark": "link_speed", "batch_size": 8, "steps": 5, "repeats": 2, "ratios": {},
                     "failures": [], **result, "forecasts": {}}, "no-plot")
     assert "The targets:" in text and "link_speed.png" not in text

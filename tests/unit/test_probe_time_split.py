@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import time
 
+import torch
+
 from common.probe.assemble import time_split
+from common.probe.hooks import reduced_bytes
 from common.probe.recorder import Recorder
 
 BEFORE = {"groups": [], "state": {}, "gnorm": []}
@@ -37,3 +40,15 @@ def test_the_runs_split_is_the_loops_and_its_fractions_add_up():
     assert abs(split["data_frac"] + split["compute_frac"] + split["comm_frac"] - 1) < 1e-12
     assert split["comm_frac"] == 0.2
     assert time_split([]) is None
+
+
+def test_the_bytes_reduced_are_the_dense_gradients_at_the_precision_they_travel_at():
+    dense, sparse, frozen = torch.zeros(10, requires_grad=True), torch.zeros(4, requires_grad=True), torch.zeros(3)
+    dense.grad = torch.ones(10)
+    sparse.grad = torch.ones(4).to_sparse()
+    params = [dense, sparse, frozen]
+    assert reduced_bytes(params, "float32", "no compression seen") == 40
+    assert reduced_bytes(params, "float16", "the optimizer's compression (FP16Compressor)") == 20
+    assert reduced_bytes(params, "bfloat16", "DDP's comm hook (bf16_compress_hook)") == 20
+    # values that happen to be float16 numbers still travel as float32
+    assert reduced_bytes(params, "float16", "every reduced gradient is a float16 number") == 40
