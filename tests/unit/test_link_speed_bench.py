@@ -100,13 +100,17 @@ def test_the_targets_are_judged_repeat_by_repeat_and_the_forecast_by_its_worst_c
                   "synthetic-horovod-gloo-1gbit": [_run("synthetic", "horovod-gloo", "1gbit", v) for v in (9.0, 9.0)]})
     links = {"1gbit": {"rate_bits": 1e9, "shown": "1 Gbit/s"}}
     result = {"cells": link_speed.summarize(plan), "links": links,
-              "forecasts": {"a": {"error": -0.16}, "b": {"error": 0.05}}}
+              "forecasts": {"a": {"error": -0.16}, "b": {"error": 0.05},
+                            "synthetic-horovod-gloo-1gbit": {"error": 0.12}}}
     rows = {row[0]: row for row in link_targets(result)}
     # the API's repeats: 1.000 and 0.900, one on each side of 0.95
     assert rows["api/port synthetic, 1 Gbit/s"][3:] == ["1.000 0.900", "undecided"]
     assert rows["ddp_train/bare_ddp, 1 Gbit/s"][2:] == ["0.985", "0.980 0.990", "yes"]
     assert rows["hvd_train/horovod-gloo synthetic, 1 Gbit/s"][4] == "no"
-    assert rows["forecast against the measured step, every run and link"][2:] == ["at most 16% off", "–", "no"]
+    assert rows["forecast against the measured step, the loops, every link"][2:] == ["at most 16% off", "–", "no"]
+    # a script's forecast is judged apart from the loops'
+    assert rows["forecast against the measured step, the scripts, every link"][2:] == ["at most 12% off", "–", "yes"]
+    assert "scripts" not in " ".join(row[0] for row in link_targets({**result, "forecasts": {"a": {"error": 0.0}}}))
     text = section({"benchmark": "link_speed", "batch_size": 8, "steps": 5, "repeats": 2, "ratios": {},
                     "failures": [], **result, "forecasts": {}}, "no-plot")
     assert "The targets:" in text and "link_speed.png" not in text
